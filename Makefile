@@ -1,0 +1,52 @@
+# spec-cookbook. `make tune` and `make test` each set up what they need on a fresh
+# machine (a .venv with CPU torch 2.13.0 and triton 3.6.0) unless a CUDA torch is
+# already importable, in which case they use that Python as it is (GPU machines).
+PY_SYS    ?= python3
+VENV      ?= .venv
+TORCH_CPU ?= torch==2.13.0
+TRITON    ?= triton==3.6.0
+HAS_CUDA  := $(shell $(PY_SYS) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_CUDA),1)
+  PY := $(PY_SYS)
+  SETUP :=
+else
+  PY := $(VENV)/bin/python
+  SETUP := $(VENV)/.installed
+endif
+PYTEST_ARGS ?=
+
+.PHONY: install test test-gpu tune tune-smoke bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PY_SYS) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH_CPU)" "$(TRITON)"
+	$(VENV)/bin/pip install -q -e ".[tune,dev]"
+	touch $@
+
+install: $(SETUP)
+
+# CPU (Triton interpreter) or CUDA, whichever this machine has.
+test: $(SETUP)
+	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
+
+# The same suite with compiled kernels; fails if no GPU is visible.
+test-gpu:
+	$(PY_SYS) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device visible')"
+	@SPEC_TEST_DEVICE=cuda $(PY_SYS) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test-gpu: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
+
+# The default key set on this GPU; without a GPU, a labelled smoke tune under the
+# Triton interpreter into results/cpu-interpreter/.
+tune: $(SETUP)
+	$(PY) -m autotune tune
+
+bench: $(SETUP)
+	$(PY) -m autotune bench
+
+lint: $(SETUP)
+	$(PY) -m ruff check recipes autotune tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,126 @@
+"""The recipe registry: what a recipe declares so that the tuner and the benchmarks can
+work on it without knowing it by name.
+
+A recipe module builds one `Tunable` and calls `register(...)` at import time; the
+tuner imports the recipe package (`recipes` by default) and iterates `tunables()`.
+A recipe may also register a `BenchSuite` for `make bench`.
+
+Key: a flat dict of the call's shape that can change the best config, e.g.
+{"dtype": "bfloat16", "V": 151936, "R": 4}. String fields must match exactly when
+dispatch looks for the nearest tuned key; numeric fields are compared in log2 space.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Tunable:
+    name: str                                   # table name: results/<gpu>/<name>.json
+    space: dict[str, tuple]                     # parameter -> choices
+    heuristic: Callable[[dict, torch.device], dict]
+    make_inputs: Callable[[dict, torch.device, int], Any]   # (key, device, seed) -> inputs
+    run: Callable[[Any, dict], Any]             # (inputs, config) -> outputs (our kernel)
+    reference: Callable[[Any], Any]             # inputs -> outputs (plain torch semantics)
+    bytes_moved: Callable[[dict], int]          # key -> fewest bytes a call must move
+    default_keys: Callable[[str], list[dict]]   # preset ("gpu" | "smoke") -> keys to tune
+    constraint: Callable[[dict, dict], bool] | None = None   # (config, key) -> allowed
+    torch_peer: Callable[[Any], Any] | None = None   # inputs -> outputs, torch's way
+    compare: Callable[[Any, Any], bool] | None = None  # (ours, ref) -> equal; default exact
+    sources: tuple = ()                         # modules/functions whose source is hashed
+
+    def configs(self, key: dict) -> list[dict]:
+        """Every config of the space that the static constraint admits for `key`."""
+        names = list(self.space)
+        out = []
+        for values in itertools.product(*(self.space[n] for n in names)):
+            cfg = dict(zip(names, values))
+            if self.constraint is None or self.constraint(cfg, key):
+                out.append(cfg)
+        return out
+
+    def space_hash(self) -> str:
+        return hashlib.sha256(repr(sorted(self.space.items())).encode()).hexdigest()[:16]
+
+    def source_hash(self) -> str:
+        h = hashlib.sha256()
+        for obj in self.sources:
+            fn = getattr(obj, "fn", obj)   # a triton JITFunction wraps .fn
+            try:
+                h.update(inspect.getsource(fn).encode())
+            except (OSError, TypeError):
+                h.update(repr(obj).encode())
+        return h.hexdigest()[:16]
+
+    def equal(self, ours, ref) -> bool:
+        return (self.compare or outputs_equal)(ours, ref)
+
+
+def outputs_equal(a, b) -> bool:
+    """Bitwise equality of (nested tuples of) tensors; None matches None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@dataclass
+class BenchVariant:
+    fn: Callable[[Any], Any]      # state -> None; called inside a graph unless eager
+    eager: bool = False           # time plain calls (events), not graph replays
+    peer: bool = False            # an alternative we compare against (torch)
+
+
+@dataclass
+class BenchCase:
+    label: dict                              # the shape, e.g. {"B": 1, "K": 3, ...}
+    make: Callable[[torch.device, int], Any]  # (device, seed) -> state
+    variants: dict[str, BenchVariant]        # "ours", "torch eager", "torch graph", ...
+    bytes: int                               # fewest bytes a call moves (for bandwidth)
+
+
+@dataclass
+class BenchSuite:
+    name: str                                 # report name: results/<gpu>/bench-<name>.*
+    cases: Callable[[str], list[BenchCase]]   # preset ("full" | "quick" | "smoke") -> cases
+    title: str = ""
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+_TUNABLES: dict[str, Tunable] = {}
+_BENCHES: dict[str, BenchSuite] = {}
+
+
+def register(t: Tunable) -> Tunable:
+    _TUNABLES[t.name] = t
+    return t
+
+
+def register_bench(s: BenchSuite) -> BenchSuite:
+    _BENCHES[s.name] = s
+    return s
+
+
+def load_recipes(package: str = "recipes") -> None:
+    """Import the recipe package so that its modules register themselves."""
+    import importlib
+
+    importlib.import_module(package)
+
+
+def tunables() -> dict[str, Tunable]:
+    return dict(_TUNABLES)
+
+
+def benches() -> dict[str, BenchSuite]:
+    return dict(_BENCHES)

@@ -1,0 +1,158 @@
+"""Shared host-side machinery for every recipe: device and dtype validation, the
+interpreter check, the per-device scratch workspace and configuration dispatch.
+
+Validation reads shapes, dtypes, devices and strides only (never tensor values), so a
+call never synchronises with the device and stays CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+INT64_MIN = -(2**63)
+
+
+def interpreter_active() -> bool:
+    """True when `triton.jit` decorated our kernels in interpreter mode."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_INTERPRET_AT_IMPORT = interpreter_active()
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (the device of the first "
+                         f"tensor argument), got one on {t.device}")
+
+
+def check_runnable(name: str, t: torch.Tensor) -> None:
+    """CPU tensors run only under the Triton interpreter; say so clearly otherwise."""
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu":
+        if _INTERPRET_AT_IMPORT:
+            return
+        raise RuntimeError(
+            f"{name}: got a CPU tensor, but the recipes were imported without the Triton "
+            "interpreter; set TRITON_INTERPRET=1 before importing recipes to run the kernels "
+            "on the CPU, or pass CUDA tensors")
+    raise ValueError(f"{name}: expected a CUDA tensor (or a CPU tensor under the Triton "
+                     f"interpreter), got one on {t.device}")
+
+
+def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None,
+                 ndim: int | Iterable[int] | None = None,
+                 device: torch.device | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            want = "/".join(_dtype_name(d) for d in dtypes)
+            raise TypeError(f"{name}: expected dtype {want}, got {_dtype_name(t.dtype)}")
+    if ndim is not None:
+        dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in dims:
+            want = " or ".join(f"{d}-D" for d in dims)
+            raise ValueError(f"{name}: expected a {want} tensor, got shape {tuple(t.shape)}")
+    if device is not None:
+        check_device(name, t, device)
+
+
+def check_out(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """An `out=` buffer: exact shape and dtype, same device, contiguous."""
+    check_tensor(name, t, dtypes=(dtype,), device=device)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def check_logits_rows(name: str, x: torch.Tensor) -> None:
+    """Last dim contiguous, V >= 1; rows may be strided (any row stride >= V)."""
+    V = x.shape[-1]
+    if V < 1:
+        raise ValueError(f"{name}: expected a vocabulary (last dim) of at least 1, got {V}")
+    if x.stride(-1) != 1 and V > 1:
+        raise ValueError(f"{name}: expected the last dim to be contiguous (stride 1), "
+                         f"got strides {x.stride()}")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; a nominal 8 under the interpreter."""
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SM_COUNT.get(idx)
+    if n is None:
+        n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+class _Workspace:
+    """Per-device scratch for cross-program reductions.
+
+    `acc` holds packed int64 (key, index) maxima, one per row, resting at INT64_MIN;
+    `cnt` holds int32 arrival counters, resting at 0. Kernels that use them put them back
+    to rest before they finish (the last program of a group resets its slots), so one
+    buffer serves every launch on a stream. It grows (an allocation) only when a call
+    needs more slots than any earlier call on that device: warm up at the largest batch
+    before capturing a CUDA graph. Launches that share it must not run concurrently on
+    different streams.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict = {}
+
+    def get(self, device: torch.device, rows: int, groups: int):
+        key = (device.type, device.index)
+        acc, cnt = self._bufs.get(key, (None, None))
+        if acc is None or acc.numel() < rows:
+            acc = torch.full((max(1024, next_pow2(rows)),), INT64_MIN, dtype=torch.int64,
+                             device=device)
+        if cnt is None or cnt.numel() < groups:
+            cnt = torch.zeros((max(1024, next_pow2(groups)),), dtype=torch.int32,
+                              device=device)
+        self._bufs[key] = (acc, cnt)
+        return acc, cnt
+
+
+WORKSPACE = _Workspace()
+
+
+def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
+    """The tuned config of the nearest key for this GPU, else the heuristic's."""
+    from autotune.dispatch import lookup  # light module: no optuna import
+
+    cfg = lookup(recipe, key, device)
+    return dict(cfg) if cfg is not None else heuristic(key, device)
+
+
+def check_config(recipe: str, config: dict, space: dict) -> None:
+    if not isinstance(config, dict):
+        raise TypeError(f"config: expected a dict with keys {sorted(space)}, "
+                        f"got {type(config).__name__}")
+    unknown = set(config) - set(space)
+    if unknown:
+        raise ValueError(f"config: unknown keys {sorted(unknown)} for {recipe}; "
+                         f"expected keys among {sorted(space)}")

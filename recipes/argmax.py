@@ -1,0 +1,162 @@
+"""argmax: `torch.argmax(logits, dim=1)` over a vocabulary, as a split reduction.
+
+    out[r] = argmax_v logits[r, v]
+
+with torch's rules: the largest value wins, ties go to the lowest index, NaN is larger
+than every number (the first NaN wins), a row of all -inf gives 0, -0.0 ties +0.0.
+
+Each row is cut into `SPLIT` chunks of whole `BLOCK_V` tiles; one program scans one chunk
+(stage 1, `chunk_argmax`). With one chunk per row the program stores the answer itself.
+Otherwise the chunks meet in a per-row int64 slot through `atomic_max` of their packed
+(key, index), and the last program of the row to arrive (an atomic counter says which)
+reads the slot, stores the index and puts the slot and counter back to rest: both stages
+in one launch, so no partials buffer and no second kernel.
+
+Edge cases: V < BLOCK_V and V not a multiple of it are masked loads; rows may be strided
+(row offsets are int64, so a tensor over 2^31 elements is fine); R = 0 launches nothing.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common as C
+from ._argmax_core import PACKED_EMPTY, chunk_argmax, publish, split_plan, unpack_index
+
+NAME = "argmax"
+
+
+def reference(logits: torch.Tensor) -> torch.Tensor:
+    """The semantics: torch's own argmax over the last dim (int64 [R])."""
+    return torch.argmax(logits, dim=1)
+
+
+@triton.jit
+def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles_per,
+                   ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr):
+    pid = tl.program_id(0)
+    row = pid // n_split
+    lo = (pid % n_split) * tiles_per * BLOCK_V
+    hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+    row_ptr = x_ptr + row.to(tl.int64) * stride_r
+    value, index = chunk_argmax(row_ptr, lo, hi, tiles_per, BLOCK_V)
+    if ONE_CHUNK:
+        tl.store(out_ptr + row, index.to(tl.int64))
+    else:
+        arrived = publish(value, index, acc_ptr + row, cnt_ptr + row)
+        if arrived == n_split - 1:
+            packed = tl.atomic_xchg(acc_ptr + row, PACKED_EMPTY)
+            tl.store(out_ptr + row, unpack_index(packed).to(tl.int64))
+            tl.atomic_xchg(cnt_ptr + row, 0)
+
+
+# --- search space and heuristic -------------------------------------------------------
+# SPLIT is the number of programs per row, clamped to the number of tiles.
+SPACE = {
+    "BLOCK_V": (512, 1024, 2048, 4096, 8192),
+    "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
+    "num_warps": (2, 4, 8, 16),
+    "num_stages": (1, 2, 3),
+}
+
+
+def constraint(config: dict, key: dict) -> bool:
+    """Static limits: at least 4 elements a thread (one 8- or 16-byte load) and no more
+    chunks than tiles."""
+    if config["BLOCK_V"] < 4 * 32 * config["num_warps"]:
+        return False
+    return config["SPLIT"] <= max(1, C.cdiv(key["V"], config["BLOCK_V"]))
+
+
+def heuristic(key: dict, device: torch.device) -> dict:
+    """16-byte loads across 8 warps, and enough chunks for about two programs per SM."""
+    block = 4096 if key["dtype"] in ("bfloat16", "float16") else 2048
+    want = C.cdiv(2 * C.sm_count(device), max(1, key["R"]))
+    split = min(C.next_pow2(want), 128, C.next_pow2(C.cdiv(key["V"], block)))
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1}
+
+
+def tune_key(dtype: torch.dtype, V: int, R: int, device: torch.device) -> dict:
+    return {"dtype": C._dtype_name(dtype), "V": int(V), "R": int(R)}
+
+
+# --- launcher --------------------------------------------------------------------------
+def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
+    """Launch on validated tensors (2-D logits, out int64 [R])."""
+    R, V = logits.shape
+    split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
+    acc, cnt = C.WORKSPACE.get(logits.device, R, R)
+    _argmax_kernel[(R * split,)](
+        logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
+        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def resolve_config(config, dtype, V, R, device) -> dict:
+    key = tune_key(dtype, V, R, device)
+    if config is None:
+        return C.pick_config(NAME, key, heuristic, device)
+    C.check_config(NAME, config, SPACE)
+    return {**heuristic(key, device), **config}
+
+
+def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,
+           config: dict | None = None) -> torch.Tensor:
+    """Row-wise argmax of `logits` [R, V] (float16/bfloat16/float32, last dim
+    contiguous, any row stride), returned as int64 [R]; equal to torch.argmax(dim=1)."""
+    C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=2)
+    C.check_runnable("logits", logits)
+    C.check_logits_rows("logits", logits)
+    R, V = logits.shape
+    if out is None:
+        out = torch.empty((R,), dtype=torch.int64, device=logits.device)
+    else:
+        C.check_out("out", out, (R,), torch.int64, logits.device)
+    if R == 0:
+        return out
+    cfg = resolve_config(config, logits.dtype, V, R, logits.device)
+    launch_argmax(logits, out, cfg)
+    return out
+
+
+# --- registration for tuning and benchmarks --------------------------------------------
+def _make_inputs(key: dict, device: torch.device, seed: int):
+    """Random logits with planted ties and a NaN-free max, so configs are compared on
+    rows where the lowest-index rule decides."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = getattr(torch, key["dtype"])
+    x = torch.randn(key["R"], key["V"], generator=g).to(dtype)
+    top = x.float().max(dim=1).values
+    for r in range(key["R"]):                    # a tie for the max across the row
+        j = int(torch.randint(0, key["V"], (1,), generator=g))
+        x[r, j] = top[r].to(dtype)
+    return x.to(device)
+
+
+def _bytes(key: dict) -> int:
+    return key["R"] * key["V"] * torch.empty((), dtype=getattr(torch, key["dtype"])).element_size() \
+        + key["R"] * 8
+
+
+def _default_keys(preset: str) -> list[dict]:
+    if preset == "smoke":
+        return [{"dtype": "bfloat16", "V": 4096, "R": 2}]
+    return [{"dtype": d, "V": v, "R": r} for d in ("bfloat16", "float32")
+            for v in (32000, 151936) for r in (1, 4, 32, 256)]
+
+
+def _register() -> None:
+    from autotune.registry import Tunable, register
+
+    register(Tunable(
+        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+        make_inputs=_make_inputs,
+        run=lambda x, cfg: argmax(x, config=cfg),
+        reference=reference, torch_peer=reference,
+        bytes_moved=_bytes, default_keys=_default_keys,
+        sources=(_argmax_kernel, chunk_argmax, launch_argmax)))
+
+
+_register()
+argmax.reference = reference   # `recipes.argmax.reference` reaches the semantics too

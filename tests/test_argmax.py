@@ -1,0 +1,120 @@
+"""argmax: bitwise parity with torch.argmax on the hard inputs, every config."""
+import importlib
+
+import pytest
+import torch
+from helpers import ON_GPU, assert_equal, sample_configs
+
+import recipes
+A = importlib.import_module("recipes.argmax")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SMALL = {"BLOCK_V": 512, "SPLIT": 4, "num_warps": 4, "num_stages": 1}
+
+
+def hard_logits(R, V, dtype, device, seed=0):
+    """Random rows plus planted hard cases, one per row where R allows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, V, generator=g).to(dtype)
+    cases = [
+        lambda r: r.fill_(float("-inf")),                          # all -inf -> 0
+        lambda r: r.__setitem__(slice(None), 1.0),                 # all equal -> 0
+        lambda r: (r.__setitem__(V // 2, float("nan")),            # NaN beats +inf
+                   r.__setitem__(0, float("inf"))),
+        lambda r: (r.__setitem__(V - 1, float("nan")),             # first NaN wins
+                   r.__setitem__(V // 3, float("nan"))),
+        lambda r: (r.fill_(-1.0), r.__setitem__(V - 1, 0.0),       # -0.0 ties +0.0
+                   r.__setitem__(V // 2, -0.0)),
+        lambda r: (r.__setitem__(V - 1, 100.0),                    # tie across blocks
+                   r.__setitem__(min(V - 1, 513), 100.0)),
+        lambda r: (r.__setitem__(slice(None), float("-inf")),      # one finite value
+                   r.__setitem__(V - 1, -1e30 if dtype != torch.float16 else -6e4)),
+        lambda r: r.__setitem__(V - 1, float("inf")),             # +inf at the end
+    ]
+    for i in range(min(R, len(cases))):
+        cases[i](x[i])
+    return x.to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("V", [1, 7, 512, 1000, 4099])
+@pytest.mark.parametrize("R", [1, 3, 9])
+def test_hard_inputs(device, dtype, V, R):
+    x = hard_logits(R, V, dtype, device, seed=V + R)
+    want = A.reference(x)
+    for cfg in (None, SMALL, {**SMALL, "SPLIT": 1}, {**SMALL, "BLOCK_V": 1024, "SPLIT": 128}):
+        assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
+
+
+def test_real_vocab_151936(device):
+    for dtype in (torch.bfloat16, torch.float32):
+        x = hard_logits(9, 151936, dtype, device, seed=1)
+        assert_equal(recipes.argmax(x), A.reference(x), str(dtype))
+
+
+def test_strided_rows_and_views(device):
+    base = hard_logits(6, 3000, torch.bfloat16, device)
+    x = base[:, 100:2100]                    # row stride 3000, V 2000
+    assert x.stride() == (3000, 1)
+    assert_equal(recipes.argmax(x, config=SMALL), A.reference(x), "strided")
+    y = base[::2, :]                         # every other row
+    assert_equal(recipes.argmax(y), A.reference(y), "row-sliced")
+
+
+def test_empty_batch_and_out(device):
+    x = torch.empty(0, 100, device=device)
+    assert recipes.argmax(x).shape == (0,)
+    x = hard_logits(5, 777, torch.float32, device)
+    out = torch.full((5,), -7, dtype=torch.int64, device=device)
+    res = recipes.argmax(x, out=out)
+    assert res.data_ptr() == out.data_ptr()
+    assert_equal(out, A.reference(x), "out=")
+
+
+def test_repeated_calls_reuse_workspace(device):
+    # the stage-2 slots must be back at rest after each call
+    for seed in range(4):
+        x = hard_logits(3, 5000, torch.float32, device, seed=seed)
+        assert_equal(recipes.argmax(x, config={**SMALL, "SPLIT": 8}), A.reference(x), str(seed))
+
+
+def test_every_config(device):
+    key = {"dtype": "bfloat16", "V": 4100, "R": 3}
+    x = hard_logits(3, 4100, torch.bfloat16, device, seed=3)
+    want = A.reference(x)
+    from autotune.registry import tunables
+    configs = tunables()["argmax"].configs(key)
+    assert len(configs) > 50
+    for cfg in sample_configs(configs, 8):
+        assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
+
+
+def test_errors(device):
+    x = torch.randn(2, 10, device=device)
+    with pytest.raises(TypeError, match="logits.*float16/bfloat16/float32.*int64"):
+        recipes.argmax(x.long())
+    with pytest.raises(ValueError, match="logits.*2-D.*got shape \\(10,\\)"):
+        recipes.argmax(x[0])
+    with pytest.raises(ValueError, match="logits.*contiguous"):
+        recipes.argmax(x.t())
+    with pytest.raises(ValueError, match="out.*shape \\(2,\\).*\\(3,\\)"):
+        recipes.argmax(x, out=torch.empty(3, dtype=torch.int64, device=device))
+    with pytest.raises(TypeError, match="out.*int64.*int32"):
+        recipes.argmax(x, out=torch.empty(2, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK"):
+        recipes.argmax(x, config={"BLOCK": 3})
+    with pytest.raises(ValueError, match="vocabulary.*got 0"):
+        recipes.argmax(torch.empty(2, 0, device=device))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
+def test_over_2_pow_31_elements(device):
+    R, V = 16385, 131072                   # 2^31 + 2^17 elements, 4 GiB in bf16
+    x = torch.randn(R, V, device=device, dtype=torch.bfloat16)
+    x[-1, V - 1] = 1e4
+    x[-2, 5] = float("nan")
+    want = A.reference(x)
+    for cfg in (None, {**SMALL, "SPLIT": 1}):
+        assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
+    del x
+    torch.cuda.empty_cache()
