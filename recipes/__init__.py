@@ -5,5 +5,6 @@ see SPEC.md for the contract. CPU tensors run the same kernels under the Triton
 interpreter (set TRITON_INTERPRET=1 before importing).
 """
 from .argmax import argmax
+from .chain_verify import VerifyResult, chain_verify
 
-__all__ = ["argmax"]
+__all__ = ["argmax", "chain_verify", "VerifyResult"]

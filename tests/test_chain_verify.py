@@ -1,0 +1,140 @@
+"""chain_verify (greedy rows): bitwise parity with the reference on hard inputs."""
+import importlib
+
+import pytest
+import torch
+from helpers import ON_GPU, assert_equal, sample_configs
+from test_argmax import hard_logits
+
+import recipes
+
+CV = importlib.import_module("recipes.chain_verify")
+SMALL = {"BLOCK_V": 512, "SPLIT": 4, "num_warps": 4, "num_stages": 1}
+
+
+def drafts_for(logits, B, K, seed, dtype=torch.int64, V=None):
+    """Drafts that accept a random prefix, with -1 padding and out-of-vocab ids mixed in."""
+    V = V or logits.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    t = torch.argmax(logits.reshape(B, K + 1, -1).cpu(), dim=-1)
+    d = t[:, :K].clone()
+    for b in range(B):
+        if K == 0:
+            break
+        cut = int(torch.randint(0, K + 1, (1,), generator=g))
+        if cut < K:
+            kind = b % 4
+            d[b, cut] = [(d[b, cut] + 1) % V, -1, V, V + 7][kind]
+            if kind == 1:
+                d[b, cut:] = -1                      # a request that drafted fewer
+    return d.to(dtype).to(logits.device)
+
+
+def check(logits, draft, cfgs=(None,), **kw):
+    want = CV.reference(logits, draft, **kw)
+    for cfg in cfgs:
+        poison = recipes.VerifyResult(
+            torch.full_like(want.tokens, -77), torch.full_like(want.accept_len, -77),
+            torch.full_like(want.bonus, -77), torch.full_like(want.select_index, -77))
+        got = recipes.chain_verify(logits, draft, out=poison, config=cfg, **kw)
+        assert isinstance(got, recipes.VerifyResult)
+        for name in recipes.VerifyResult._fields:
+            assert_equal(getattr(got, name), getattr(want, name), f"{name} cfg={cfg}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,K,V", [(1, 3, 1000), (3, 1, 7), (5, 7, 513), (2, 0, 2000),
+                                   (1, 1, 1), (4, 2, 4099)])
+def test_greedy_hard_inputs(device, dtype, B, K, V):
+    x = hard_logits(B * (K + 1), V, dtype, device, seed=B * 100 + K * 10 + V)
+    d = drafts_for(x, B, K, seed=V)
+    check(x, d, cfgs=(None, SMALL, {**SMALL, "SPLIT": 1}, {**SMALL, "SPLIT": 128}))
+
+
+def test_all_accept_and_all_reject(device):
+    B, K, V = 4, 3, 3000
+    x = hard_logits(B * (K + 1), V, torch.float32, device, seed=5)
+    t = torch.argmax(x.view(B, K + 1, V), -1)
+    check(x, t[:, :K].clone(), cfgs=(None, SMALL))            # m = K everywhere
+    check(x, (t[:, :K] + 1) % V, cfgs=(None, SMALL))          # m = 0 everywhere
+    got = recipes.chain_verify(x, t[:, :K].clone())
+    assert got.accept_len.tolist() == [K] * B
+
+
+def test_ids_that_would_wrap_in_int32_never_match(device):
+    B, K, V = 2, 2, 600
+    x = hard_logits(B * (K + 1), V, torch.float32, device, seed=2)
+    t = torch.argmax(x.view(B, K + 1, V), -1)
+    d = t[:, :K] + (1 << 32)              # same low 32 bits as the target
+    want = CV.reference(x, d)
+    assert want.accept_len.tolist() == [0, 0]
+    check(x, d, cfgs=(None, SMALL))
+
+
+@pytest.mark.parametrize("draft_dtype", [torch.int32, torch.int64])
+def test_3d_logits_strided_and_int32_drafts(device, draft_dtype):
+    B, K, V = 3, 3, 2500
+    base = hard_logits(B * (K + 1), V + 300, torch.bfloat16, device, seed=9)
+    x3 = base.view(B, K + 1, V + 300)[:, :, 150:150 + V]     # strided rows, 3-D
+    d = drafts_for(x3.reshape(B * (K + 1), V), B, K, seed=1, dtype=draft_dtype)
+    check(x3, d, cfgs=(None, SMALL))
+    x2 = base[:, 150:150 + V]                                # 2-D, row stride V + 300
+    check(x2, d, cfgs=(None, SMALL))
+    dt = torch.empty(K, B, dtype=draft_dtype, device=device).t()   # strided drafts
+    dt.copy_(d)
+    check(x2, dt, cfgs=(SMALL,))
+
+
+def test_real_vocab_151936(device):
+    B, K, V = 2, 3, 151936
+    x = hard_logits(B * (K + 1), V, torch.bfloat16, device, seed=11)
+    check(x, drafts_for(x, B, K, seed=3))
+
+
+def test_empty_batch(device):
+    x = torch.empty(0, 100, device=device)
+    d = torch.empty(0, 3, dtype=torch.int64, device=device)
+    r = recipes.chain_verify(x, d)
+    assert r.tokens.shape == (0, 4) and r.accept_len.shape == (0,)
+    assert r.select_index.dtype == torch.int64
+
+
+def test_every_config(device):
+    B, K, V = 3, 3, 4100
+    key = CV.tune_key(torch.bfloat16, V, B, K)
+    x = hard_logits(B * (K + 1), V, torch.bfloat16, device, seed=4)
+    d = drafts_for(x, B, K, seed=4)
+    from autotune.registry import tunables
+    configs = tunables()["chain_verify"].configs(key)
+    check(x, d, cfgs=sample_configs(configs, 8))
+
+
+def test_errors(device):
+    x = torch.randn(8, 50, device=device)
+    d = torch.zeros(2, 3, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="logits.*8 rows.*B=2.*K=3.*got shape \\(7, 50\\)"):
+        recipes.chain_verify(x[:7], d)
+    with pytest.raises(TypeError, match="draft_tokens.*int32/int64.*float32"):
+        recipes.chain_verify(x, d.float())
+    with pytest.raises(ValueError, match="logits.*shape \\(2, 4, V\\).*got \\(2, 3, 50\\)"):
+        recipes.chain_verify(torch.randn(2, 3, 50, device=device), d)
+    with pytest.raises(ValueError, match="out.tokens.*shape \\(2, 4\\)"):
+        bad = recipes.VerifyResult(torch.empty(2, 3, dtype=torch.int32, device=device),
+                                   *recipes.chain_verify(x, d)[1:])
+        recipes.chain_verify(x, d, out=bad)
+    if ON_GPU:
+        with pytest.raises(ValueError, match="logits.*cuda.*cpu"):
+            recipes.chain_verify(x.cpu(), d)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
+def test_over_2_pow_31_elements(device):
+    B, K, V = 4097, 3, 131072          # 16388 rows x 2^17 = 2^31 + 2^19 elements (bf16)
+    x = torch.randn(B * (K + 1), V, device=device, dtype=torch.bfloat16)
+    x[-1, V - 1] = 1e4
+    t = torch.argmax(x.view(B, K + 1, V), -1)
+    d = t[:, :K].clone()
+    d[::3, 1] = -1
+    check(x, d, cfgs=(None, {**SMALL, "SPLIT": 1}))
+    del x
+    torch.cuda.empty_cache()
