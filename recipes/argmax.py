@@ -54,9 +54,9 @@ def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles
 # --- search space and heuristic -------------------------------------------------------
 # SPLIT is the number of programs per row, clamped to the number of tiles.
 SPACE = {
-    "BLOCK_V": (512, 1024, 2048, 4096, 8192),
+    "BLOCK_V": (1024, 2048, 4096, 8192),
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
-    "num_warps": (2, 4, 8, 16),
+    "num_warps": (4, 8, 16),
     "num_stages": (1, 2, 3),
 }
 

@@ -112,9 +112,9 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
 
 # --- search space and heuristic -------------------------------------------------------
 SPACE = {
-    "BLOCK_V": (512, 1024, 2048, 4096, 8192),
+    "BLOCK_V": (1024, 2048, 4096, 8192),
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
-    "num_warps": (2, 4, 8, 16),
+    "num_warps": (4, 8, 16),
     "num_stages": (1, 2, 3),
 }
 
