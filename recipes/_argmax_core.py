@@ -25,7 +25,7 @@ pack(x, i) = key << 32 | (0x7FFFFFFF - i): larger key first, then lower index.
 import triton
 import triton.language as tl
 
-PACKED_EMPTY = -(2**63)  # INT64_MIN: the resting value of a stage-2 slot
+PACKED_EMPTY = tl.constexpr(-(2**63))  # INT64_MIN: the resting value of a stage-2 slot
 
 
 @triton.jit
