@@ -8,9 +8,9 @@
 * -0.0 and +0.0 are equal (they tie, the lower index wins).
 
 The reduction has two stages. Stage 1: each program scans a chunk of one row, keeping
-a running best value and index *per lane* (a strict `>` keeps the earlier element on a
-tie, since a lane sees its indices in increasing order), then folds its lanes
-(`lanes_argmax`). Stage 2 folds the chunks of a row: every program turns its
+a running best value and tile *per lane* (a strict `>` keeps the earlier element on a
+tie, since a lane sees its indices in increasing order), then folds its lanes with one
+int64 max over their packed (key, index). Stage 2 folds the chunks of a row: every program turns its
 (value, index) into one int64 whose signed order is the argmax order (`pack`), and
 `atomic_max`es it into the row's slot; an arrival counter tells the last program of a
 group that every chunk is in. Because `pack` orders exactly as the rules do,
@@ -29,41 +29,49 @@ PACKED_EMPTY = tl.constexpr(-(2**63))  # INT64_MIN: the resting value of a stage
 
 
 @triton.jit
-def lane_update(x, idx, best, best_idx):
-    """Per-lane running argmax: `x` arrives at a higher index than `best`, so only a
-    strictly better value (or a first NaN) replaces it."""
-    take = (x > best) | ((x != x) & (best == best))
-    return tl.where(take, x, best), tl.where(take, idx, best_idx)
+def lane_update(x, tile, best, best_tile):
+    """Per-lane running argmax: `x` arrives at a later tile than `best`, so only a
+    strictly better value (or a first NaN) replaces it. Lanes remember the tile, not the
+    index (a scalar select instead of an index add per element).
+    `not (x <= best)` is "x > best, or x is NaN"; `best == best` keeps a NaN once held:
+    two predicates per element."""
+    take = (~(x <= best)) & (best == best)
+    return tl.where(take, x, best), tl.where(take, tile, best_tile)
+
+
+@triton.jit
+def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
+                        UNROLL: tl.constexpr = 1):
+    """Argmax of row_ptr[lo:hi] as one packed int64 (see `pack`), scanning n_tiles tiles
+    of BLOCK from lo, UNROLL tiles per step (their loads in flight together, the lane
+    state shared). Lanes past `hi` load -inf and can only tie, at a higher index than
+    lane lo, so they never win; a chunk with no element left (lo >= hi) gives
+    pack(-inf, lo), which loses to any real element and ties behind index 0."""
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_tile = tl.zeros([BLOCK], tl.int32)
+    for t0 in range(0, n_tiles, UNROLL):
+        if UNROLL == 1:
+            offs = lo + t0 * BLOCK + lanes
+            x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+            best, best_tile = lane_update(x, t0, best, best_tile)
+        else:
+            offs0 = lo + t0 * BLOCK + lanes
+            offs1 = offs0 + BLOCK
+            x0 = tl.load(row_ptr + offs0, mask=offs0 < hi, other=float("-inf"))
+            x1 = tl.load(row_ptr + offs1, mask=offs1 < hi, other=float("-inf"))
+            best, best_tile = lane_update(x0.to(tl.float32), t0, best, best_tile)
+            best, best_tile = lane_update(x1.to(tl.float32), t0 + 1, best, best_tile)
+    # one int64 max folds the lanes: larger key first, then the lower index
+    return tl.max(pack(best, lo + best_tile * BLOCK + lanes), 0)
 
 
 @triton.jit
 def chunk_argmax(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr):
-    """Argmax of row_ptr[lo:hi] (float32 value, int32 index), scanning n_tiles tiles of
-    BLOCK starting at lo. Lanes past `hi` load -inf and can only tie, at a higher index
-    than lane lo, so they never win; a chunk with no element left (lo >= hi) returns
-    (-inf, lo), which loses to any real element and ties behind index 0."""
-    lanes = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = lo + lanes
-    for t in range(0, n_tiles):
-        offs = lo + t * BLOCK + lanes
-        x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
-        best, best_idx = lane_update(x, offs, best, best_idx)
-    return lanes_argmax(best, best_idx)
-
-
-@triton.jit
-def lanes_argmax(best, best_idx):
-    """Fold per-lane candidates into one (value, index) with the argmax rules: if any
-    lane holds a NaN the lowest-index NaN wins, else the lowest index holding the max.
-    (Two plain reductions instead of a custom `tl.reduce` combine: the same answer,
-    and far cheaper under the interpreter.)"""
-    is_nan = best != best
-    has_nan = tl.max(is_nan.to(tl.int32), 0) > 0
-    top = tl.max(tl.where(is_nan, float("-inf"), best), 0)
-    hit = tl.where(has_nan, is_nan, best == top)
-    index = tl.min(tl.where(hit, best_idx, 0x7FFFFFFF), 0)
-    return tl.where(has_nan, float("nan"), top), index
+    """`chunk_argmax_packed` as (float32 value, int32 index); -0.0 comes back as +0.0
+    (they tie) and every NaN as the same NaN."""
+    packed = chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK)
+    return unpack_value(packed), unpack_index(packed)
 
 
 @triton.jit
@@ -82,11 +90,26 @@ def unpack_index(packed):
 
 
 @triton.jit
+def unpack_value(packed):
+    """The value of a packed candidate (inverse of the order key), as float32."""
+    key = (packed >> 32).to(tl.int32)
+    bits = tl.where(key >= 0, key, (-key) | -0x80000000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def publish(value, index, acc_slot_ptr, cnt_ptr):
     """Stage 2 arrival: fold this chunk's candidate into its row slot and count in.
     Returns the number of programs of the group that arrived before this one."""
-    tl.atomic_max(acc_slot_ptr, pack(value, index))
-    return tl.atomic_add(cnt_ptr, 1)
+    return publish_packed(pack(value, index), acc_slot_ptr, cnt_ptr)
+
+
+@triton.jit
+def publish_packed(packed, acc_slot_ptr, cnt_ptr):
+    """`publish` for a packed candidate. The max needs no ordering of its own: the
+    counter's acq_rel add releases it, and the last arrival's acquire sees every max."""
+    tl.atomic_max(acc_slot_ptr, packed, sem="relaxed")
+    return tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
 
 
 def split_plan(V: int, block: int, split: int):

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
-from ._argmax_core import PACKED_EMPTY, chunk_argmax, publish, split_plan, unpack_index
+from ._argmax_core import PACKED_EMPTY, chunk_argmax_packed, publish_packed, split_plan, unpack_index
 
 NAME = "argmax"
 
@@ -34,17 +34,18 @@ def reference(logits: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles_per,
-                   ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr):
+                   ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                   UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     row = pid // n_split
     lo = (pid % n_split) * tiles_per * BLOCK_V
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
     row_ptr = x_ptr + row.to(tl.int64) * stride_r
-    value, index = chunk_argmax(row_ptr, lo, hi, tiles_per, BLOCK_V)
+    packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
     if ONE_CHUNK:
-        tl.store(out_ptr + row, index.to(tl.int64))
+        tl.store(out_ptr + row, unpack_index(packed).to(tl.int64))
     else:
-        arrived = publish(value, index, acc_ptr + row, cnt_ptr + row)
+        arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + row)
         if arrived == n_split - 1:
             packed = tl.atomic_xchg(acc_ptr + row, PACKED_EMPTY)
             tl.store(out_ptr + row, unpack_index(packed).to(tl.int64))
@@ -58,6 +59,7 @@ SPACE = {
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
     "num_warps": (4, 8, 16),
     "num_stages": (1, 2, 3),
+    "UNROLL": (1, 2),
 }
 
 
@@ -74,7 +76,7 @@ def heuristic(key: dict, device: torch.device) -> dict:
     block = 4096 if key["dtype"] in ("bfloat16", "float16") else 2048
     want = C.cdiv(2 * C.sm_count(device), max(1, key["R"]))
     split = min(C.next_pow2(want), 128, C.next_pow2(C.cdiv(key["V"], block)))
-    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1}
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1, "UNROLL": 1}
 
 
 def tune_key(dtype: torch.dtype, V: int, R: int, device: torch.device) -> dict:
@@ -89,7 +91,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     acc, cnt = C.WORKSPACE.get(logits.device, R, R)
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
-        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"],
+        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -155,7 +157,7 @@ def _register() -> None:
         run=lambda x, cfg: argmax(x, config=cfg),
         reference=reference, torch_peer=reference,
         bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_argmax_kernel, chunk_argmax, launch_argmax)))
+        sources=(_argmax_kernel, chunk_argmax_packed, publish_packed, launch_argmax)))
 
 
 _register()

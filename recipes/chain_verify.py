@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from . import _common as C
-from ._argmax_core import PACKED_EMPTY, chunk_argmax, publish, split_plan, unpack_index
+from ._argmax_core import (PACKED_EMPTY, chunk_argmax_packed, publish_packed, split_plan,
+                           unpack_index)
 
 NAME = "chain_verify"
 
@@ -69,9 +70,10 @@ def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None
 
 # --- kernels ---------------------------------------------------------------------------
 @triton.jit
-def _verify_finalize(acc_ptr, cnt_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr,
-                     select_ptr, b, K, stride_db, stride_dk, KP1: tl.constexpr):
-    """The last program of request b: read its K+1 argmaxes, accept, write, reset."""
+def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
+                     b, K, KP1: tl.constexpr):
+    """The last program of request b: read its K+1 argmaxes, accept against the drafts
+    `d` (int64 [KP1], loaded up front), write, reset."""
     j = tl.arange(0, KP1)
     in_row = j <= K
     row0 = b.to(tl.int64) * (K + 1)
@@ -79,8 +81,6 @@ def _verify_finalize(acc_ptr, cnt_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_
                             mask=in_row)
     t = unpack_index(packed)
     is_draft = j < K
-    d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + j * stride_dk, mask=is_draft,
-                other=-1).to(tl.int64)
     miss = is_draft & (d != t.to(tl.int64))
     m = tl.min(tl.where(miss, j, K), 0)
     tl.store(tokens_ptr + row0 + j, tl.where(j <= m, t, -1), mask=in_row)
@@ -93,7 +93,8 @@ def _verify_finalize(acc_ptr, cnt_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_
 @triton.jit
 def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
                    acc_ptr, cnt_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
-                   n_split, tiles_per, BLOCK_V: tl.constexpr, KP1: tl.constexpr):
+                   n_split, tiles_per, BLOCK_V: tl.constexpr, KP1: tl.constexpr,
+                   UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
     b = pid // per_req
@@ -102,12 +103,17 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
     lo = (rem - j * n_split) * tiles_per * BLOCK_V
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
     row_ptr = logits_ptr + b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_j
-    value, index = chunk_argmax(row_ptr, lo, hi, tiles_per, BLOCK_V)
+    # the drafts are loaded before the scan (a few L2 hits per program), so the last
+    # program's accept step waits on no memory but the stage-2 slots
+    jd = tl.arange(0, KP1)
+    d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
+                other=-1).to(tl.int64)
+    packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
     row = b.to(tl.int64) * (K + 1) + j
-    arrived = publish(value, index, acc_ptr + row, cnt_ptr + b)
+    arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
     if arrived == per_req - 1:
-        _verify_finalize(acc_ptr, cnt_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr,
-                         select_ptr, b, K, stride_db, stride_dk, KP1)
+        _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
+                         b, K, KP1)
 
 
 # --- search space and heuristic -------------------------------------------------------
@@ -116,6 +122,7 @@ SPACE = {
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
     "num_warps": (4, 8, 16),
     "num_stages": (1, 2, 3),
+    "UNROLL": (1, 2),
 }
 
 
@@ -131,7 +138,7 @@ def heuristic(key: dict, device: torch.device) -> dict:
     rows = max(1, key["B"] * (key["K"] + 1))
     want = C.cdiv(2 * C.sm_count(device), rows)
     split = min(C.next_pow2(want), 128, C.next_pow2(C.cdiv(key["V"], block)))
-    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1}
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1, "UNROLL": 1}
 
 
 def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) -> dict:
@@ -182,7 +189,8 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j) -
     _verify_kernel[(B * (K + 1) * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, V, K, stride_b, stride_j, draft_tokens.stride(0), draft_tokens.stride(1),
-        split, tiles_per, BLOCK_V=cfg["BLOCK_V"], KP1=C.next_pow2(K + 1),
+        split, tiles_per, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
+        KP1=C.next_pow2(K + 1),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -248,7 +256,8 @@ def _register() -> None:
         run=lambda inp, cfg: chain_verify(*inp, config=cfg),
         reference=lambda inp: reference(*inp), torch_peer=lambda inp: reference(*inp),
         bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_verify_kernel, _verify_finalize, chunk_argmax, launch_verify)))
+        sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
+                 launch_verify)))
 
 
 _register()

@@ -9,7 +9,7 @@ import recipes
 A = importlib.import_module("recipes.argmax")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1}
+SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}
 
 
 def hard_logits(R, V, dtype, device, seed=0):

@@ -9,7 +9,7 @@ from test_argmax import hard_logits
 import recipes
 
 CV = importlib.import_module("recipes.chain_verify")
-SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1}
+SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}
 
 
 def drafts_for(logits, B, K, seed, dtype=torch.int64, V=None):

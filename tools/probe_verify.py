@@ -16,10 +16,10 @@ COPY = None
 
 
 def copy_bw():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    x = torch.empty(1 << 28, dtype=torch.float32, device=dev)
     y = torch.empty_like(x)
     t = time_graph(lambda s: y.copy_(x), [0], calls_per_replay=5, reps=20)
-    return 2 * x.numel() / (t.p50 * 1e-6)
+    return 2 * x.numel() * 4 / (t.p50 * 1e-6)
 
 
 def bench_verify(B, K, V, dtype, cfgs):
@@ -50,17 +50,26 @@ if __name__ == "__main__":
     COPY = copy_bw()
     print(f"copy bandwidth {COPY/1e12:.3f} TB/s")
     out = []
-    base = {"num_stages": 1}
-    for B, K in ((1, 3), (64, 4), (256, 7)):
-        cfgs = [("heuristic", None)]
-        for blk in (1024, 2048, 4096, 8192):
-            for w in (4, 8, 16):
-                for sp in ((16, 32, 64, 128) if B == 1 else (1, 2)):
-                    if blk >= 4 * 32 * w:
-                        cfgs.append((f"B{blk} w{w} s{sp}", {"BLOCK_V": blk, "SPLIT": sp,
-                                                            "num_warps": w, "num_stages": 1}))
+    def cf(b, s, w, st=1, u=1):
+        return (f"B{b} s{s} w{w} st{st} u{u}",
+                {"BLOCK_V": b, "SPLIT": s, "num_warps": w, "num_stages": st, "UNROLL": u})
+    plans = {
+        (1, 3): [("heuristic", None)] + [cf(b, s, w, 1, u) for b in (1024, 2048, 4096)
+                                         for s in (16, 32, 64, 128) for w in (4, 8)
+                                         for u in (1, 2)],
+        (64, 4): [("heuristic", None)] + [cf(b, s, w, st, u) for b in (2048, 4096)
+                                          for s in (1, 2, 4) for w in (4, 8, 16)
+                                          for st in (1, 3) for u in (1, 2) if b >= 128 * w],
+        (256, 7): [("heuristic", None)] + [cf(b, s, w, st, u) for b in (2048, 4096)
+                                           for s in (1, 2) for w in (8, 16)
+                                           for st in (1, 3) for u in (1, 2)],
+    }
+    for (B, K), cfgs in plans.items():
         rows = bench_verify(B, K, 151936, torch.bfloat16, cfgs)
         rows.sort(key=lambda r: r[2])
-        out += rows[:6] + [r for r in rows if r[1] in ("heuristic", "torch graph")]
-    for r in out:
-        print(f"{r[0]:<36} {r[1]:<22} {r[2]:8.2f} us  bw {r[3]:.2f}  ok={r[4]}")
+        out += rows[:8] + [r for r in rows if r[1] in ("heuristic", "torch graph")]
+    with open(sys.argv[1] if len(sys.argv) > 1 else "/dev/null", "w") as f:
+        for r in out:
+            line = f"{r[0]:<36} {r[1]:<24} {r[2]:8.2f} us  bw {r[3]:.3f}  ok={r[4]}"
+            print(line)
+            f.write(line + "\n")
