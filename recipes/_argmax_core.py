@@ -119,3 +119,37 @@ def split_plan(V: int, block: int, split: int):
     split = max(1, min(int(split), n_tiles))
     tiles_per = -(-n_tiles // split)
     return -(-n_tiles // tiles_per), tiles_per
+
+
+# --- the search space every split-argmax kernel shares ----------------------------------
+# SPLIT is the number of programs per row (clamped to the number of tiles); num_stages
+# is declared for the tuner, though the H200 showed no effect of it on these loops.
+SPLIT_SPACE = {
+    "BLOCK_V": (1024, 2048, 4096, 8192),
+    "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
+    "num_warps": (4, 8, 16),
+    "num_stages": (1, 2),
+    "UNROLL": (1, 2),
+}
+
+
+def split_constraint(config: dict, V: int) -> bool:
+    """Static limits: at least 4 elements a thread (one 8- or 16-byte load) and no more
+    chunks than tiles."""
+    if config["BLOCK_V"] < 4 * 32 * config["num_warps"]:
+        return False
+    return config["SPLIT"] <= max(1, -(-V // config["BLOCK_V"]))
+
+
+def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
+    """Measured on the H200 (results/h200/NOTES.md): 16-byte loads; with too few rows to
+    fill the GPU, chunks for about two programs per SM with 4 warps; otherwise one
+    program per row, 16 warps and two tiles in flight (UNROLL=2)."""
+    block = 4096 if dtype_name in ("bfloat16", "float16") else 2048
+    want = -(-2 * sms // max(1, rows))
+    n_tiles = -(-V // block)
+    split = min(1 << max(0, want - 1).bit_length(), 128, 1 << max(0, n_tiles - 1).bit_length())
+    if split > 1:
+        return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
+                "UNROLL": 1}
+    return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1, "UNROLL": 2}

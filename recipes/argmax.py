@@ -22,7 +22,16 @@ import triton
 import triton.language as tl
 
 from . import _common as C
-from ._argmax_core import PACKED_EMPTY, chunk_argmax_packed, publish_packed, split_plan, unpack_index
+from ._argmax_core import (
+    PACKED_EMPTY,
+    SPLIT_SPACE,
+    chunk_argmax_packed,
+    publish_packed,
+    split_constraint,
+    split_heuristic,
+    split_plan,
+    unpack_index,
+)
 
 NAME = "argmax"
 
@@ -52,31 +61,16 @@ def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles
             tl.atomic_xchg(cnt_ptr + row, 0)
 
 
-# --- search space and heuristic -------------------------------------------------------
-# SPLIT is the number of programs per row, clamped to the number of tiles.
-SPACE = {
-    "BLOCK_V": (1024, 2048, 4096, 8192),
-    "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
-    "num_warps": (4, 8, 16),
-    "num_stages": (1, 2, 3),
-    "UNROLL": (1, 2),
-}
+# --- search space and heuristic (shared by every split-argmax kernel) -----------------
+SPACE = SPLIT_SPACE
 
 
 def constraint(config: dict, key: dict) -> bool:
-    """Static limits: at least 4 elements a thread (one 8- or 16-byte load) and no more
-    chunks than tiles."""
-    if config["BLOCK_V"] < 4 * 32 * config["num_warps"]:
-        return False
-    return config["SPLIT"] <= max(1, C.cdiv(key["V"], config["BLOCK_V"]))
+    return split_constraint(config, key["V"])
 
 
 def heuristic(key: dict, device: torch.device) -> dict:
-    """16-byte loads across 8 warps, and enough chunks for about two programs per SM."""
-    block = 4096 if key["dtype"] in ("bfloat16", "float16") else 2048
-    want = C.cdiv(2 * C.sm_count(device), max(1, key["R"]))
-    split = min(C.next_pow2(want), 128, C.next_pow2(C.cdiv(key["V"], block)))
-    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1, "UNROLL": 1}
+    return split_heuristic(key["dtype"], key["V"], key["R"], C.sm_count(device))
 
 
 def tune_key(dtype: torch.dtype, V: int, R: int, device: torch.device) -> dict:
@@ -137,8 +131,8 @@ def _make_inputs(key: dict, device: torch.device, seed: int):
 
 
 def _bytes(key: dict) -> int:
-    return key["R"] * key["V"] * torch.empty((), dtype=getattr(torch, key["dtype"])).element_size() \
-        + key["R"] * 8
+    es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
+    return key["R"] * key["V"] * es + key["R"] * 8
 
 
 def _default_keys(preset: str) -> list[dict]:

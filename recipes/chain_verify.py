@@ -28,8 +28,16 @@ import triton
 import triton.language as tl
 
 from . import _common as C
-from ._argmax_core import (PACKED_EMPTY, chunk_argmax_packed, publish_packed, split_plan,
-                           unpack_index)
+from ._argmax_core import (
+    PACKED_EMPTY,
+    SPLIT_SPACE,
+    chunk_argmax_packed,
+    publish_packed,
+    split_constraint,
+    split_heuristic,
+    split_plan,
+    unpack_index,
+)
 
 NAME = "chain_verify"
 
@@ -116,29 +124,16 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
                          b, K, KP1)
 
 
-# --- search space and heuristic -------------------------------------------------------
-SPACE = {
-    "BLOCK_V": (1024, 2048, 4096, 8192),
-    "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
-    "num_warps": (4, 8, 16),
-    "num_stages": (1, 2, 3),
-    "UNROLL": (1, 2),
-}
+# --- search space and heuristic (shared by every split-argmax kernel) -----------------
+SPACE = SPLIT_SPACE
 
 
 def constraint(config: dict, key: dict) -> bool:
-    if config["BLOCK_V"] < 4 * 32 * config["num_warps"]:
-        return False
-    return config["SPLIT"] <= max(1, C.cdiv(key["V"], config["BLOCK_V"]))
+    return split_constraint(config, key["V"])
 
 
 def heuristic(key: dict, device: torch.device) -> dict:
-    """As argmax: 16-byte loads over 8 warps, about two programs per SM in all."""
-    block = 4096 if key["dtype"] in ("bfloat16", "float16") else 2048
-    rows = max(1, key["B"] * (key["K"] + 1))
-    want = C.cdiv(2 * C.sm_count(device), rows)
-    split = min(C.next_pow2(want), 128, C.next_pow2(C.cdiv(key["V"], block)))
-    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8, "num_stages": 1, "UNROLL": 1}
+    return split_heuristic(key["dtype"], key["V"], key["B"] * (key["K"] + 1), C.sm_count(device))
 
 
 def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) -> dict:
