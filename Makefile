@@ -15,7 +15,7 @@ else
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install test test-gpu tune tune-smoke bench lint clean
+.PHONY: install test test-gpu tune tune-smoke quality bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY_SYS) -m venv $(VENV)
@@ -39,11 +39,22 @@ test-gpu:
 
 # The default key set on this GPU; without a GPU, a labelled smoke tune under the
 # Triton interpreter into results/cpu-interpreter/.
+# (e.g. TUNE_ARGS="--recipe argmax --budget-s 120"; `python -m autotune tune -h` lists all)
+TUNE_ARGS ?=
 tune: $(SETUP)
-	$(PY) -m autotune tune
+	$(PY) -m autotune tune $(TUNE_ARGS)
 
+# How good the search is: exhaustive optimum vs the tuner's Optuna search on >= 10 keys
+# -> results/<gpu>/tuner-quality.md (resumable: run it again if it was stopped).
+QUALITY_ARGS ?=
+quality: $(SETUP)
+	$(PY) -m autotune quality $(QUALITY_ARGS)
+
+# Every recipe's benchmark on this GPU -> results/<gpu>/BENCH.md, plots, OVERHEAD.md
+# (e.g. BENCH_ARGS="--max-seconds 540"); without a GPU, a smoke functional check only.
+BENCH_ARGS ?=
 bench: $(SETUP)
-	$(PY) -m autotune bench
+	$(PY) -m autotune bench $(BENCH_ARGS)
 
 lint: $(SETUP)
 	$(PY) -m ruff check recipes autotune tests

@@ -5,10 +5,19 @@ is read once per process; the exact key wins, else the nearest tuned key (same
 categorical fields, e.g. dtype; nearest in log2 space over the numeric ones), else None
 and the recipe uses its heuristic. A missing table is silent; an unreadable or corrupt
 one warns once and is treated as missing. Nothing here ever raises into a call.
-Tables made under the Triton interpreter (`results/cpu-interpreter/`) are never used.
+Tables made under the Triton interpreter (`results/cpu-interpreter/`, or any table whose
+header says `"interpreter": true`) are never used on a GPU.
+
+When the recipe is registered (`autotune.registry`), its table is checked against it: a
+table whose `header.space_hash` is not the hash of the recipe's current space is ignored
+with one warning (the space changed since it was tuned), and entries whose config the
+current space does not admit (a value outside the choices, or rejected by the static
+constraint for that entry's key) are dropped with one warning. The table format is
+documented in `autotune/tables.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -60,6 +69,38 @@ def load_table(path: Path) -> dict:
     return data
 
 
+def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
+    """(key, config) pairs of a parsed table that the registered recipe can use."""
+    tk = (slug, recipe)
+    header = data.get("header")
+    header = header if isinstance(header, dict) else {}
+    if header.get("interpreter") and slug != INTERPRETER_SLUG:
+        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was made under "
+                       "the Triton interpreter; using heuristic configs")
+        return []
+    entries = [(e["key"], e["config"]) for e in data["entries"]]
+    try:
+        from autotune.registry import tunables
+        tunable = tunables().get(recipe)
+    except Exception:  # noqa: BLE001
+        tunable = None
+    if tunable is None:
+        return entries
+    want = tunable.space_hash()
+    if header.get("space_hash") != want:
+        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was tuned over "
+                       f"another search space (space hash {header.get('space_hash')!r}, "
+                       f"the recipe's is {want!r}); re-run `python -m autotune tune "
+                       f"--recipe {recipe}`; using heuristic configs")
+        return []
+    good = [(k, c) for k, c in entries if tunable.admits(c, k)]
+    if len(good) != len(entries):
+        _warn_once(tk, f"spec-cookbook: ignoring {len(entries) - len(good)} of "
+                       f"{len(entries)} entries of the tuned table {path}: their config is "
+                       f"not valid in {recipe}'s current search space")
+    return good
+
+
 def _table(slug: str, recipe: str):
     tk = (slug, recipe)
     t = _TABLES.get(tk)
@@ -68,7 +109,7 @@ def _table(slug: str, recipe: str):
         path = results_root() / slug / f"{recipe}.json"
         if path.exists():
             try:
-                entries = [(e["key"], e["config"]) for e in load_table(path)["entries"]]
+                entries = _checked_entries(slug, recipe, path, load_table(path))
             except Exception as exc:  # noqa: BLE001 - any damage means "no table"
                 _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path} "
                                f"({type(exc).__name__}: {exc}); using heuristic configs")
@@ -80,6 +121,7 @@ def _table(slug: str, recipe: str):
 def clear_cache() -> None:
     _TABLES.clear()
     _WARNED.clear()
+    _RESOLVED.clear()
 
 
 def key_distance(a: dict, b: dict) -> float:
@@ -107,10 +149,23 @@ def nearest(entries, key: dict):
 
 
 def lookup(recipe: str, key: dict, device: torch.device):
+    """The tuned config for `key` on `device`'s GPU (exact key, else nearest), or None.
+    Only CUDA devices have tables; under the interpreter this is always None."""
     if device.type != "cuda":
         return None
     try:
-        t = _table(gpu_slug(device), recipe)
+        slug = gpu_slug(device)
+    except Exception as exc:  # noqa: BLE001 - dispatch never fails a call
+        _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
+                                       f"{recipe} ({exc}); using heuristic configs")
+        return None
+    return lookup_slug(slug, recipe, key)
+
+
+def lookup_slug(slug: str, recipe: str, key: dict):
+    """`lookup` for the tables of `results/<slug>/` (what tests and tools call)."""
+    try:
+        t = _table(slug, recipe)
         ck = tuple(sorted(key.items()))
         if ck not in t["cache"]:
             t["cache"][ck] = nearest(t["entries"], key) if t["entries"] else None
@@ -119,3 +174,61 @@ def lookup(recipe: str, key: dict, device: torch.device):
         _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
                                        f"{recipe} ({exc}); using heuristic configs")
         return None
+
+
+# --- what a call with config=None runs: cached, traceable, overridable -----------------
+_RESOLVED: dict = {}      # (recipe, device type, index, heuristic, key items) -> config
+_RESOLVED_MAX = 4096
+_FORCE_HEURISTIC = False
+_TRACE: list | None = None
+
+
+def resolve(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
+    """The config a `config=None` call runs: the tuned config of the nearest key for
+    `device`'s GPU (`lookup`), else `heuristic(key, device)`. Cached per (recipe, device,
+    heuristic, key), so a repeated call costs one dict lookup; `clear_cache()` forgets.
+    Returns the cached dict itself: callers copy it before changing it."""
+    if _FORCE_HEURISTIC or _TRACE is not None:
+        return _resolve_now(recipe, key, heuristic, device)
+    try:
+        ck = (recipe, device.type, device.index, heuristic, tuple(key.items()))
+        cfg = _RESOLVED.get(ck)
+    except TypeError:                       # an unhashable key value: no caching
+        return _resolve_now(recipe, key, heuristic, device)
+    if cfg is None:
+        cfg = _resolve_now(recipe, key, heuristic, device)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[ck] = cfg
+    return cfg
+
+
+def _resolve_now(recipe, key, heuristic, device) -> dict:
+    tuned = None if _FORCE_HEURISTIC else lookup(recipe, key, device)
+    if _TRACE is not None:
+        _TRACE.append((recipe, dict(key), None if tuned is None else dict(tuned)))
+    return dict(tuned) if tuned is not None else heuristic(key, device)
+
+
+@contextlib.contextmanager
+def heuristic_only():
+    """Inside, `config=None` calls run the heuristic config, as if no table existed (the
+    benchmarks' "tuned against heuristic" comparison)."""
+    global _FORCE_HEURISTIC
+    prev, _FORCE_HEURISTIC = _FORCE_HEURISTIC, True
+    try:
+        yield
+    finally:
+        _FORCE_HEURISTIC = prev
+
+
+@contextlib.contextmanager
+def trace_configs():
+    """Inside, every `config=None` resolution is appended to the yielded list as
+    (recipe, key, tuned config or None)."""
+    global _TRACE
+    prev, _TRACE = _TRACE, []
+    try:
+        yield _TRACE
+    finally:
+        _TRACE = prev

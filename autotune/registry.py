@@ -40,7 +40,7 @@ class Tunable:
         names = list(self.space)
         out = []
         for values in itertools.product(*(self.space[n] for n in names)):
-            cfg = dict(zip(names, values))
+            cfg = dict(zip(names, values, strict=True))
             if self.constraint is None or self.constraint(cfg, key):
                 out.append(cfg)
         return out
@@ -61,6 +61,17 @@ class Tunable:
     def equal(self, ours, ref) -> bool:
         return (self.compare or outputs_equal)(ours, ref)
 
+    def admits(self, config: dict, key: dict) -> bool:
+        """True when `config` sets every parameter of the space to one of its choices and
+        the static constraint accepts it for `key` (extra keys are allowed)."""
+        try:
+            for name, choices in self.space.items():
+                if name not in config or config[name] not in choices:
+                    return False
+            return self.constraint is None or bool(self.constraint(config, key))
+        except Exception:  # noqa: BLE001 - a constraint that chokes on it rejects it
+            return False
+
 
 def outputs_equal(a, b) -> bool:
     """Bitwise equality of (nested tuples of) tensors; None matches None."""
@@ -69,7 +80,7 @@ def outputs_equal(a, b) -> bool:
                 and a.dtype == b.dtype and a.shape == b.shape
                 and torch.equal(a.cpu(), b.cpu()))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -104,6 +115,16 @@ _BENCHES: dict[str, BenchSuite] = {}
 def register(t: Tunable) -> Tunable:
     _TUNABLES[t.name] = t
     return t
+
+
+def unregister(name: str) -> None:
+    """Forget a tunable (tests register throw-away ones)."""
+    _TUNABLES.pop(name, None)
+
+
+def key_str(key: dict) -> str:
+    """A key as one stable string: 'R=4,V=151936,dtype=bfloat16' (fields sorted)."""
+    return ",".join(f"{k}={key[k]}" for k in sorted(key))
 
 
 def register_bench(s: BenchSuite) -> BenchSuite:

@@ -5,11 +5,13 @@ in `states` (rotating inputs, so data that fits in L2 is not re-read from cache)
 the GPU up, replays it `reps` times with CUDA events around each replay, and returns the
 per-call samples in microseconds. `time_eager` times plain calls the same way, for
 torch eager and Python-overhead measurements. `rotation(nbytes)` says how many input
-sets make one pass larger than twice the L2.
+sets make one pass larger than twice the L2. `time_wall` is the stand-in under the Triton
+interpreter (no GPU: no graphs, no events): host wall-clock time, for smoke tests only.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -118,4 +120,26 @@ def time_eager(call, states, *, reps: int = 50, inner: int = 20, warmup: int = 3
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1000.0 / inner)
+    return Timing(samples)
+
+
+def time_wall(call, states, *, reps: int = 3, warmup: int = 1, device=None) -> Timing:
+    """Per-call microseconds by the host's wall clock (`time.perf_counter`), one sample per
+    pass over `states`. For the Triton interpreter's smoke runs, where there are no CUDA
+    graphs or events; it measures the interpreter, not a GPU. On a CUDA device it
+    synchronises after each pass, so it is usable there too (it then includes launch
+    overhead: prefer `time_graph`)."""
+    states = list(states)
+    cuda = device is not None and torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        for s in states:
+            call(s)
+    samples = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        for s in states:
+            call(s)
+        if cuda:
+            torch.cuda.synchronize(device)
+        samples.append((time.perf_counter() - t0) * 1e6 / len(states))
     return Timing(samples)

@@ -11,6 +11,8 @@ from typing import Iterable
 
 import torch
 
+from autotune.dispatch import resolve as _resolve  # light module: no optuna import
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT64_MIN = -(2**63)
@@ -52,26 +54,30 @@ def check_runnable(name: str, t: torch.Tensor) -> None:
 def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None,
                  ndim: int | Iterable[int] | None = None,
                  device: torch.device | None = None) -> None:
+    # (hot path: every call validates; the common case does no conversions)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None:
-        dtypes = tuple(dtypes)
+        if type(dtypes) is not tuple:
+            dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
             want = "/".join(_dtype_name(d) for d in dtypes)
             raise TypeError(f"{name}: expected dtype {want}, got {_dtype_name(t.dtype)}")
     if ndim is not None:
-        dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if t.dim() not in dims:
+        d = t.dim()
+        bad = (d != ndim) if type(ndim) is int else (d not in tuple(ndim))
+        if bad:
+            dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
             want = " or ".join(f"{d}-D" for d in dims)
             raise ValueError(f"{name}: expected a {want} tensor, got shape {tuple(t.shape)}")
-    if device is not None:
+    if device is not None and t.device != device:
         check_device(name, t, device)
 
 
 def check_out(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
     """An `out=` buffer: exact shape and dtype, same device, contiguous."""
     check_tensor(name, t, dtypes=(dtype,), device=device)
-    if tuple(t.shape) != tuple(shape):
+    if t.shape != shape and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
@@ -122,18 +128,21 @@ class _Workspace:
     """
 
     def __init__(self) -> None:
-        self._bufs: dict = {}
+        self._bufs: dict = {}     # (type, index) -> (acc, cnt, acc slots, cnt slots)
 
     def get(self, device: torch.device, rows: int, groups: int):
         key = (device.type, device.index)
-        acc, cnt = self._bufs.get(key, (None, None))
+        got = self._bufs.get(key)
+        if got is not None and rows <= got[2] and groups <= got[3]:
+            return got[0], got[1]               # the common case: big enough already
+        acc, cnt = (None, None) if got is None else got[:2]
         if acc is None or acc.numel() < rows:
             acc = torch.full((max(1024, next_pow2(rows)),), INT64_MIN, dtype=torch.int64,
                              device=device)
         if cnt is None or cnt.numel() < groups:
             cnt = torch.zeros((max(1024, next_pow2(groups)),), dtype=torch.int32,
                               device=device)
-        self._bufs[key] = (acc, cnt)
+        self._bufs[key] = (acc, cnt, acc.numel(), cnt.numel())
         return acc, cnt
 
 
@@ -141,11 +150,10 @@ WORKSPACE = _Workspace()
 
 
 def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
-    """The tuned config of the nearest key for this GPU, else the heuristic's."""
-    from autotune.dispatch import lookup  # light module: no optuna import
-
-    cfg = lookup(recipe, key, device)
-    return dict(cfg) if cfg is not None else heuristic(key, device)
+    """The tuned config of the nearest key for this GPU, else the heuristic's (a fresh
+    dict). Resolved once per (recipe, device, key): later calls with the same key cost a
+    dict lookup (`autotune.dispatch.resolve`; `dispatch.clear_cache()` forgets)."""
+    return dict(_resolve(recipe, key, heuristic, device))
 
 
 def check_config(recipe: str, config: dict, space: dict) -> None:

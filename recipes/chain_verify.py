@@ -5,6 +5,7 @@ row j is the target's distribution for the token after input j (input 0 is the l
 committed token, input j >= 1 is d[b, j-1]).
 
     t[b, j] = argmax_v logits[b, j, v]            (greedy rows; torch's argmax rules)
+    t[b, j] = argmax_v s[b, j, v]                 (sampled rows: temperature[b] > 0)
     m[b]    = #leading j < K with d[b, j] == t[b, j]
     tokens[b, j] = t[b, j] for j <= m[b], else -1
     accept_len[b] = m[b],  bonus[b] = t[b, m[b]],  select_index[b] = b*(K+1) + m[b]
@@ -12,12 +13,54 @@ committed token, input j >= 1 is d[b, j-1]).
 A draft id outside [0, V) never matches (t is always in [0, V), and the comparison is
 in int64, so no id wraps onto a real one): -1 pads a request that drafted fewer tokens.
 
-Kernel: one launch. Every program scans one chunk of one row (the shared stage 1,
-`chunk_argmax`) and folds its candidate into the row's stage-2 slot; a per-request
-arrival counter elects the last of the request's (K+1) x SPLIT programs, which reads
-the K+1 slots, runs the accept logic (`_verify_finalize`) and writes all four outputs,
-leaving slots and counter at rest for the next call. K = 0 is the plain argmax row with
-m = 0. B = 0 launches nothing.
+Sampled rows (`temperature=` float [B], `seeds=`/`positions=` integer [B]; a request
+samples when temperature[b] > 0, so 0, negatives and NaN stay greedy in the same launch):
+
+    s[b, j, v] = float32(logit) / temperature[b] + g,   g = -log(-log(u))   (float32)
+    u = component v & 3 of tl.rand4x(seeds[b], ((positions[b] + j) << 32) + (v >> 2))
+
+i.e. Philox4x32-10 with counter (v >> 2, lo32(positions[b] + j), 0, 0) and key
+(lo32(seed), hi32(seed)), Triton's uint_to_uniform_float (module `_gumbel_core`). For a
+draft that puts probability 1 on its token, accepting the matching prefix of these
+Gumbel-max samples is exact speculative sampling: every emitted token ~ softmax(logits/T).
+The stream depends on (seed, position + j, id) only: batch position, batch size, draft
+length and config do not change a request's tokens. Stream facts worth knowing: the
+scale 4.6566127342e-10 rounds to 2^-31 (1 - 2^-24), so u is never 1 (g < 16.7, no +inf)
+and u = 0 (g = -inf) for 2 of 2^32 draws; with temperature = +inf a -inf logit scores
+-inf/inf = NaN, which wins the argmax (the reference's semantics, kept).
+
+Kernel: one launch. Every program scans one chunk of one row and folds its candidate into
+the row's stage-2 slot; a per-request arrival counter elects the last of the request's
+(K+1) x SPLIT programs, which reads the K+1 slots, runs the accept logic
+(`_verify_finalize`) and writes all four outputs, leaving slots and counter at rest for
+the next call. K = 0 is the plain argmax row with m = 0. B = 0 launches nothing.
+Greedy rows scan with `chunk_argmax_packed`; sampled rows with
+`_gumbel_core.sampled_chunk_packed` (same stage 2: the exact float32 score is packed like
+a logit). Without `temperature` the sampled code is not compiled in (SAMPLED=False).
+
+Sampled scan (EXACT=0, the default): one pass over the logits, per id an upper bound of
+its score from the Philox bits, two MUFU.LG2 and an FFMA, kept as a per-lane max; then
+only the lanes that can hold the winner are scored exactly (IEEE division `div_rn`, the
+accurate log `__nv_logf`) - see `_gumbel_core` for the bound and why the answer is the
+exact scan's. EXACT=1 scores every id exactly (same outputs, ~4x the arithmetic).
+
+Arithmetic per id (sm_90 SASS, read offline with Triton's cuobjdump; bf16, BLOCK 2048,
+4 warps, 96 registers; fp32 one instruction less):
+    Philox4x32-10, per call of 4 ids: 10 rounds x (2 IMAD.WIDE.U32 + 2 LOP3) = 40, of
+        which the zero counter words fold one away: 39, i.e. 9.75 per id (all integer)
+    the 2 logs: 2 MUFU.LG2 (the exact scan: 2 x ~17 for __nv_logf, plus ~10 for div.rn)
+    the rest: int->float + scale (I2FP, FMUL), the near-1 series branch (FFMA, FSETP,
+        predicated FADD), the scaled logit (FFMA), the running max (FMNMX): 7;
+        bf16 unpack 2.25; addressing, loads, loop 1.6
+    total 23.6 instructions per id with the prefetch (UNROLL=2), 23.1 without
+    (exact scan: 93 per id; the greedy scan: ~6.4-7.3)
+Floor on the H200 (132 SMs x 4 schedulers x one warp-instruction per clock; the loop is
+issue-bound: ALU pipe ~10 and MUFU 2 of the 23.6 per id): 1.26e12 ids/s at 1.755 GHz.
+B=64, K=4, V=151936 (48.6 M ids): ~39 us of issue against 22.9 us of logits at 4.24 TB/s
+(the greedy kernel measured 31.0 us: the floor is ~1.25x greedy, the target 2.5x).
+B=1, K=3 (0.61 M ids): ~0.5 us of issue spread over the GPU, plus the sampled chunk's own
+tail (one packed reduction, the top lane scored exactly, one count) on top of the greedy
+kernel's fixed chain (4.05 us measured for greedy).
 """
 from __future__ import annotations
 
@@ -28,6 +71,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
+from . import _gumbel_core as GC
 from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
@@ -38,8 +82,10 @@ from ._argmax_core import (
     split_plan,
     unpack_index,
 )
+from ._gumbel_core import sampled_chunk_packed
 
 NAME = "chain_verify"
+MAXC = 4        # filtered scan: lanes scored exactly besides the top one, else rescan
 
 
 class VerifyResult(NamedTuple):
@@ -64,11 +110,34 @@ def accept(t: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyResult:
                         select)
 
 
+def sampled_rows(temperature, B: int, K: int):
+    """bool [B*(K+1)]: rows of sampled requests (temperature > 0; 0, negatives and NaN
+    stay greedy)."""
+    return (temperature.to(torch.float32) > 0).repeat_interleave(K + 1)
+
+
+def row_scores(logits: torch.Tensor, B: int, K: int, temperature, seeds, positions):
+    """The sampled scores s of every row, float32 [B*(K+1), V] (meaningful on sampled
+    rows): row b*(K+1)+j uses temperature[b], seeds[b] and counter positions[b] + j."""
+    V = logits.shape[-1]
+    x = logits.reshape(B * (K + 1), V)
+    j = torch.arange(K + 1, device=x.device, dtype=torch.int64)
+    ctr = (positions.to(torch.int64)[:, None] + j[None, :]).reshape(-1)
+    rep = lambda t: t.repeat_interleave(K + 1)  # noqa: E731
+    return GC.scores(x, rep(temperature.to(torch.float32)), rep(seeds.to(torch.int64)), ctr)
+
+
 def target_tokens(logits: torch.Tensor, B: int, K: int, temperature=None, seeds=None,
                   positions=None) -> torch.Tensor:
-    """t[b, j] (int64 [B, K+1]): the argmax of each row."""
-    x = logits.reshape(B, K + 1, logits.shape[-1])
-    return torch.argmax(x, dim=-1)
+    """t[b, j] (int64 [B, K+1]): the argmax of each greedy row, the argmax of the
+    sampled scores (`row_scores`) of each sampled row."""
+    V = logits.shape[-1]
+    x = logits.reshape(B * (K + 1), V)
+    t = torch.argmax(x, dim=-1)
+    if temperature is not None and B > 0:
+        s = row_scores(logits, B, K, temperature, seeds, positions)
+        t = torch.where(sampled_rows(temperature, B, K), torch.argmax(s, dim=-1), t)
+    return t.view(B, K + 1)
 
 
 def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None):
@@ -86,6 +155,7 @@ def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, sel
     in_row = j <= K
     row0 = b.to(tl.int64) * (K + 1)
     packed = tl.atomic_xchg(acc_ptr + row0 + j, tl.full([KP1], PACKED_EMPTY, tl.int64),
+                            sem="relaxed",
                             mask=in_row)
     t = unpack_index(packed)
     is_draft = j < K
@@ -95,14 +165,15 @@ def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, sel
     tl.store(accept_ptr + b, m.to(tl.int32))
     tl.store(bonus_ptr + b, tl.sum(tl.where(j == m, t, 0), 0).to(tl.int32))
     tl.store(select_ptr + b, row0 + m)
-    tl.atomic_xchg(cnt_ptr + b, 0)
+    tl.store(cnt_ptr + b, 0)
 
 
 @triton.jit
 def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
-                   acc_ptr, cnt_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
-                   n_split, tiles_per, BLOCK_V: tl.constexpr, KP1: tl.constexpr,
-                   UNROLL: tl.constexpr):
+                   acc_ptr, cnt_ptr, temp_ptr, seed_ptr, pos_ptr, V, K, stride_b, stride_j,
+                   stride_db, stride_dk, stride_t, stride_s, stride_p, n_split, tiles_per,
+                   BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
+                   SAMPLED: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr):
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
     b = pid // per_req
@@ -116,7 +187,19 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
     jd = tl.arange(0, KP1)
     d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
                 other=-1).to(tl.int64)
-    packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    if SAMPLED:
+        # per request: temperature > 0 samples (0, negatives and NaN stay greedy)
+        T = tl.load(temp_ptr + b.to(tl.int64) * stride_t).to(tl.float32)
+        if T > 0:
+            seed = tl.load(seed_ptr + b.to(tl.int64) * stride_s).to(tl.int64)
+            pos = tl.load(pos_ptr + b.to(tl.int64) * stride_p).to(tl.int64)
+            ctr = (pos + j).to(tl.uint32)          # Philox counter word 1: low 32 bits
+            packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
+                                          BLOCK_V, EXACT, MAXC, UNROLL == 2)
+        else:
+            packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    else:
+        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
     row = b.to(tl.int64) * (K + 1) + j
     arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
     if arrived == per_req - 1:
@@ -124,16 +207,39 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
                          b, K, KP1)
 
 
-# --- search space and heuristic (shared by every split-argmax kernel) -----------------
-SPACE = SPLIT_SPACE
+# --- search space and heuristic ----------------------------------------------------------
+# The split-argmax space, plus EXACT for sampled rows: 0 = the filtered scan (exact
+# fallback), 1 = the exact scan only. (For sampled rows UNROLL=2 means: prefetch the next
+# tile during this tile's arithmetic.) Same outputs; EXACT=1 is ~4x the arithmetic, so the
+# constraint keeps the tuner off it: it is there for explicit `config={"EXACT": 1}`
+# (A/B runs, tests, and a switch should the filtered scan ever need turning off).
+SPACE = {**SPLIT_SPACE, "EXACT": (0, 1)}
 
 
 def constraint(config: dict, key: dict) -> bool:
-    return split_constraint(config, key["V"])
+    if not split_constraint(config, key["V"]) or config.get("EXACT", 0) != 0:
+        return False
+    if key.get("mode", "greedy") != "sampled":
+        return True
+    # sampled: at most 32 ids per thread (registers)
+    return config["BLOCK_V"] <= 32 * 32 * config["num_warps"]
 
 
 def heuristic(key: dict, device: torch.device) -> dict:
-    return split_heuristic(key["dtype"], key["V"], key["B"] * (key["K"] + 1), C.sm_count(device))
+    rows = key["B"] * (key["K"] + 1)
+    if key.get("mode", "greedy") != "sampled":
+        return {**split_heuristic(key["dtype"], key["V"], rows, C.sm_count(device)),
+                "EXACT": 0}
+    # sampled rows are issue-bound (~23 instructions per id): 16 ids per thread (96
+    # registers: 5 programs of 4 warps resident per SM), the next tile's loads issued
+    # before this tile's arithmetic (UNROLL=2 means that prefetch for sampled rows), and
+    # ~16 chunks per SM in all, so that the last programs to start leave little tail
+    block = 2048
+    want = -(-16 * C.sm_count(device) // max(1, rows))
+    n_tiles = -(-key["V"] // block)
+    split = min(C.next_pow2(want), 128, C.next_pow2(n_tiles))
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1, "UNROLL": 2,
+            "EXACT": 0}
 
 
 def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) -> dict:
@@ -178,14 +284,40 @@ def _validate(logits, draft_tokens, out):
     return B, K, V, stride_b, stride_j, out
 
 
-def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j) -> None:
+def _validate_sampling(temperature, seeds, positions, B, device):
+    """Per-request sampling inputs: temperature float [B], seeds and positions integer
+    [B], any stride, on the device of draft_tokens (values are not read)."""
+    C.check_tensor("temperature", temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
+    if temperature.shape[0] != B:
+        raise ValueError(f"temperature: expected shape ({B},) (one per request of "
+                         f"draft_tokens), got {tuple(temperature.shape)}")
+    for name, t, what in (("seeds", seeds, "per-request Philox seeds"),
+                          ("positions", positions, "absolute position of input 0")):
+        if t is None:
+            raise ValueError(f"{name}: required when temperature is given (int64 [{B}], "
+                             f"{what}), got None")
+        C.check_tensor(name, t, dtypes=C.INDEX_DTYPES, ndim=1, device=device)
+        if t.shape[0] != B:
+            raise ValueError(f"{name}: expected shape ({B},) (one per request of "
+                             f"draft_tokens), got {tuple(t.shape)}")
+
+
+def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
+                  sampling=None) -> None:
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     acc, cnt = C.WORKSPACE.get(logits.device, B * (K + 1), B)
+    if sampling is None:
+        temp = seeds = pos = logits            # never read (SAMPLED=False)
+        st = ss = sp = 0
+    else:
+        temp, seeds, pos = sampling
+        st, ss, sp = temp.stride(0), seeds.stride(0), pos.stride(0)
     _verify_kernel[(B * (K + 1) * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
-        acc, cnt, V, K, stride_b, stride_j, draft_tokens.stride(0), draft_tokens.stride(1),
-        split, tiles_per, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
-        KP1=C.next_pow2(K + 1),
+        acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
+        draft_tokens.stride(1), st, ss, sp, split, tiles_per,
+        BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
+        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -198,15 +330,20 @@ def resolve_config(config, key, device) -> dict:
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,
                  seeds=None, positions=None, out=None, config=None) -> VerifyResult:
-    """Verify top-1 drafts against target logits in one launch; see the module doc."""
+    """Verify top-1 drafts against target logits in one launch; see the module doc.
+    With `temperature` (float [B]), requests with temperature > 0 sample their target
+    tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
+    the others stay greedy, in the same launch."""
     B, K, V, stride_b, stride_j, out = _validate(logits, draft_tokens, out)
+    sampling = None
     if temperature is not None:
-        raise NotImplementedError("chain_verify: the sampled mode (temperature=) is not "
-                                  "built yet")
+        _validate_sampling(temperature, seeds, positions, B, draft_tokens.device)
+        sampling = (temperature, seeds, positions)
     if B == 0:
         return out
-    cfg = resolve_config(config, tune_key(logits.dtype, V, B, K), logits.device)
-    launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j)
+    cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),
+                         logits.device)
+    launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling)
     return out
 
 
@@ -214,32 +351,60 @@ chain_verify.reference = reference
 
 
 # --- registration for tuning and benchmarks --------------------------------------------
+def torch_sampling(logits, draft_tokens, temperature):
+    """The usual torch sampling pipeline as a peer (not the same random stream, so not
+    the same tokens): softmax(logits / T) per row, the exponential race
+    argmax(probs / Exp(1) noise), then the accept logic."""
+    B, K = draft_tokens.shape
+    x = logits.reshape(B * (K + 1), logits.shape[-1]).float()
+    t = temperature.float().repeat_interleave(K + 1)[:, None]
+    probs = torch.softmax(x / t, dim=-1)
+    tok = torch.argmax(probs / torch.empty_like(probs).exponential_(), dim=-1)
+    return accept(tok.view(B, K + 1), draft_tokens)
+
+
 def make_inputs(key: dict, device: torch.device, seed: int):
-    """Logits with planted ties, drafts that accept a random prefix of each request."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """(logits, drafts, sampling kwargs): logits with drafts that accept a random prefix of
+    each request's argmax; sampled keys add per-request temperatures in [0.5, 1.5], seeds
+    and positions (the drafts then match the sampled targets about as often as the argmax
+    is drawn)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     B, K, V = key["B"], key["K"], key["V"]
     dtype = getattr(torch, key["dtype"])
-    x = torch.randn(B * (K + 1), V, generator=g).to(dtype)
+    x = torch.randn(B * (K + 1), V, generator=g, device=device).to(dtype)   # GBs: on device
+    kw = {}
+    if key.get("mode") == "sampled":
+        kw = {"temperature": 0.5 + torch.rand(B, generator=g, device=device),
+              "seeds": torch.randint(-2**62, 2**62, (B,), generator=g, device=device),
+              "positions": torch.randint(0, 2**20, (B,), generator=g, device=device)}
     t = torch.argmax(x, dim=1).view(B, K + 1)
-    keep = torch.randint(0, K + 1, (B,), generator=g)
     d = t[:, :K].clone()
-    for b in range(B):
-        if keep[b] < K:
-            d[b, keep[b]] = (d[b, keep[b]] + 1) % V
-    return x.to(device), d.to(device)
+    if K:
+        keep = torch.randint(0, K + 1, (B, 1), generator=g, device=device)
+        col = torch.arange(K, device=device)[None, :]
+        d = torch.where(col == keep, (d + 1) % V, d)     # first miss at `keep` (none if K)
+    return x, d, kw
+
+
+def _peer(inp):
+    x, d, kw = inp
+    return torch_sampling(x, d, kw["temperature"]) if kw else reference(x, d)
 
 
 def _bytes(key: dict) -> int:
     es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
     B, K = key["B"], key["K"]
-    return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16
+    extra = B * 20 if key.get("mode") == "sampled" else 0      # temperature, seed, position
+    return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16 + extra
 
 
 def _default_keys(preset: str) -> list[dict]:
     if preset == "smoke":
-        return [tune_key(torch.bfloat16, 4096, 2, 3)]
-    return [tune_key(d, v, b, k) for d in (torch.bfloat16,) for v in (32000, 151936)
-            for b in (1, 8, 64) for k in (3,)]
+        return [tune_key(torch.bfloat16, 4096, 2, 3), tune_key(torch.bfloat16, 4096, 2, 3, True)]
+    greedy = [tune_key(d, v, b, k) for d in (torch.bfloat16,) for v in (32000, 151936)
+              for b in (1, 8, 64) for k in (3,)]
+    sampled = [tune_key(torch.bfloat16, 151936, b, k, True) for b, k in ((1, 3), (64, 4))]
+    return greedy + sampled + [tune_key(torch.bfloat16, 32000, 8, 3, True)]
 
 
 def _register() -> None:
@@ -248,34 +413,50 @@ def _register() -> None:
     register(Tunable(
         name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
         make_inputs=make_inputs,
-        run=lambda inp, cfg: chain_verify(*inp, config=cfg),
-        reference=lambda inp: reference(*inp), torch_peer=lambda inp: reference(*inp),
+        run=lambda inp, cfg: chain_verify(inp[0], inp[1], config=cfg, **inp[2]),
+        reference=lambda inp: reference(inp[0], inp[1], **inp[2]), torch_peer=_peer,
         bytes_moved=_bytes, default_keys=_default_keys,
         sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
-                 launch_verify)))
+                 launch_verify, GC)))
 
 
 _register()
 
 
+def _greedy_shapes(preset: str):
+    if preset == "smoke":
+        return [(torch.bfloat16, 1, 3, 4096)]
+    if preset == "quick":
+        return [(torch.bfloat16, b, k, 151936) for b, k in ((1, 3), (64, 4), (256, 7))]
+    return [(dt, b, k, v) for dt in (torch.bfloat16, torch.float32)
+            for v in (32000, 128256, 129280, 151936, 262144)
+            for k in (1, 3, 4, 7) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
+            if k != 4 or b >= 64 or b == 1]
+
+
+def _sampled_shapes(preset: str):
+    if preset == "smoke":
+        return [(torch.bfloat16, 1, 3, 4096)]
+    if preset == "quick":
+        return [(torch.bfloat16, b, k, 151936) for b, k in ((1, 3), (64, 4), (256, 7))]
+    vocab = (32000, 128256, 129280, 151936, 262144)
+    shapes = [(torch.bfloat16, b, 3, v) for v in vocab for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    shapes += [(dt, b, 4, v) for dt in (torch.bfloat16, torch.float32) for v in vocab
+               for b in (1, 64)]
+    shapes += [(torch.bfloat16, b, k, 151936) for k in (1, 7) for b in (1, 8, 64, 256)]
+    shapes += [(torch.float32, b, 3, 151936) for b in (1, 8, 64, 256)]
+    return list(dict.fromkeys(shapes))
+
+
 def _bench_cases(preset: str):
     from autotune.registry import BenchCase, BenchVariant
 
-    if preset == "smoke":
-        shapes = [(torch.bfloat16, 1, 3, 4096)]
-    elif preset == "quick":
-        shapes = [(torch.bfloat16, b, k, 151936) for b, k in ((1, 3), (64, 4), (256, 7))]
-    else:
-        shapes = [(dt, b, k, v) for dt in (torch.bfloat16, torch.float32)
-                  for v in (32000, 128256, 129280, 151936, 262144)
-                  for k in (1, 3, 4, 7) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
-                  if k != 4 or b >= 64 or b == 1]
     cases = []
-    for dt, B, K, V in shapes:
+    for dt, B, K, V in _greedy_shapes(preset):
         key = tune_key(dt, V, B, K)
 
         def make(device, seed, key=key):
-            x, d = make_inputs(key, device, seed)
+            x, d, _ = make_inputs(key, device, seed)
             out = reference(x, d)
             return {"x": x, "d": d, "out": VerifyResult(*[t.clone() for t in out])}
 
@@ -291,6 +472,38 @@ def _bench_cases(preset: str):
     return cases
 
 
+def _sampled_bench_cases(preset: str):
+    from autotune.registry import BenchCase, BenchVariant
+
+    cases = []
+    for dt, B, K, V in _sampled_shapes(preset):
+        key = tune_key(dt, V, B, K, True)
+
+        def make(device, seed, key=key):
+            x, d, kw = make_inputs(key, device, seed)
+            out = reference(x, d)
+            return {"x": x, "d": d, "kw": kw, "out": VerifyResult(*[t.clone() for t in out])}
+
+        cases.append(BenchCase(
+            label={"dtype": C._dtype_name(dt), "B": B, "K": K, "V": V},
+            make=make, bytes=_bytes(key),
+            variants={
+                "ours": BenchVariant(
+                    lambda s: chain_verify(s["x"], s["d"], out=s["out"], **s["kw"])),
+                # the same launch on the same logits, greedy: the ratio ours / this is the
+                # price of the random numbers
+                "ours (greedy)": BenchVariant(
+                    lambda s: chain_verify(s["x"], s["d"], out=s["out"])),
+                "torch eager": BenchVariant(
+                    lambda s: torch_sampling(s["x"], s["d"], s["kw"]["temperature"]),
+                    eager=True, peer=True),
+                "torch graph": BenchVariant(
+                    lambda s: torch_sampling(s["x"], s["d"], s["kw"]["temperature"]),
+                    peer=True),
+            }))
+    return cases
+
+
 def _register_bench() -> None:
     from autotune.registry import BenchSuite, register_bench
 
@@ -298,7 +511,16 @@ def _register_bench() -> None:
         name=NAME, cases=_bench_cases, title="chain_verify (greedy)",
         notes="ours: one launch (argmax of every row fused with the accept logic); "
               "torch: argmax over the rows, then cumprod/where/gather for the accept "
-              "logic. Bytes: the logits read once plus drafts and outputs."))
+              "logic. Bytes: the logits read once plus drafts and outputs.",
+        extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}}}))
+    register_bench(BenchSuite(
+        name=NAME + "_sampled", cases=_sampled_bench_cases, title="chain_verify (sampled)",
+        notes="ours: one launch, every request sampled (temperature in [0.5, 1.5]): "
+              "Gumbel-max on Triton's Philox stream fused with the accept logic; "
+              "ours (greedy): the same launch without temperature; torch: softmax(logits / "
+              "T), exponential race argmax(probs / Exp(1)), accept logic (a different "
+              "random stream: same distribution, not the same tokens). Bytes: the logits "
+              "read once plus drafts, sampling inputs and outputs."))
 
 
 _register_bench()

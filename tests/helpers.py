@@ -1,6 +1,5 @@
 """Small shared test utilities."""
 import torch
-
 from conftest import ON_GPU  # noqa: F401  (re-exported)
 
 
@@ -22,3 +21,30 @@ def sample_configs(configs, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(configs), generator=g)[: n - 2].tolist()
     return [configs[0]] + [configs[i] for i in sorted(idx)] + [configs[-1]]
+
+
+def hard_logits(R, V, dtype, device, seed=0):
+    """Random rows plus the argmax corner cases (all -inf, all equal, NaN vs +inf, first
+    NaN, -0.0 vs +0.0, a tie across blocks, one finite value, +inf last), one per row
+    where R allows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, V, generator=g).to(dtype)
+    low = -6e4 if dtype == torch.float16 else -1e30
+    cases = [
+        lambda r: r.fill_(float("-inf")),                          # all -inf -> 0
+        lambda r: r.__setitem__(slice(None), 1.0),                 # all equal -> 0
+        lambda r: (r.__setitem__(V // 2, float("nan")),            # NaN beats +inf
+                   r.__setitem__(0, float("inf"))),
+        lambda r: (r.__setitem__(V - 1, float("nan")),             # first NaN wins
+                   r.__setitem__(V // 3, float("nan"))),
+        lambda r: (r.fill_(-1.0), r.__setitem__(V - 1, 0.0),       # -0.0 ties +0.0
+                   r.__setitem__(V // 2, -0.0)),
+        lambda r: (r.__setitem__(V - 1, 100.0),                    # tie across blocks
+                   r.__setitem__(min(V - 1, 513), 100.0)),
+        lambda r: (r.__setitem__(slice(None), float("-inf")),      # one finite value
+                   r.__setitem__(V - 1, low)),
+        lambda r: r.__setitem__(V - 1, float("inf")),             # +inf at the end
+    ]
+    for i in range(min(R, len(cases))):
+        cases[i](x[i])
+    return x.to(device)

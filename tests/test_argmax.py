@@ -3,37 +3,14 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, sample_configs
+from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
 
 import recipes
+
 A = importlib.import_module("recipes.argmax")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}
-
-
-def hard_logits(R, V, dtype, device, seed=0):
-    """Random rows plus planted hard cases, one per row where R allows."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(R, V, generator=g).to(dtype)
-    cases = [
-        lambda r: r.fill_(float("-inf")),                          # all -inf -> 0
-        lambda r: r.__setitem__(slice(None), 1.0),                 # all equal -> 0
-        lambda r: (r.__setitem__(V // 2, float("nan")),            # NaN beats +inf
-                   r.__setitem__(0, float("inf"))),
-        lambda r: (r.__setitem__(V - 1, float("nan")),             # first NaN wins
-                   r.__setitem__(V // 3, float("nan"))),
-        lambda r: (r.fill_(-1.0), r.__setitem__(V - 1, 0.0),       # -0.0 ties +0.0
-                   r.__setitem__(V // 2, -0.0)),
-        lambda r: (r.__setitem__(V - 1, 100.0),                    # tie across blocks
-                   r.__setitem__(min(V - 1, 513), 100.0)),
-        lambda r: (r.__setitem__(slice(None), float("-inf")),      # one finite value
-                   r.__setitem__(V - 1, -1e30 if dtype != torch.float16 else -6e4)),
-        lambda r: r.__setitem__(V - 1, float("inf")),             # +inf at the end
-    ]
-    for i in range(min(R, len(cases))):
-        cases[i](x[i])
-    return x.to(device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

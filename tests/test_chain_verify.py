@@ -3,8 +3,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, sample_configs
-from test_argmax import hard_logits
+from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
 
 import recipes
 

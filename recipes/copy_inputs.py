@@ -1,0 +1,322 @@
+"""copy_inputs: the step graph's input copies, `dst.copy_(src)` for 1 to 16 pairs, one launch.
+
+    for each (dst, src) in pairs:  bytes(dst) = bytes(src)
+
+Each pair has one dtype and one number of elements (shapes may differ), both tensors
+contiguous; dtypes differ freely across pairs (bool, ints, floats, complex, float8...).
+The copy is of bits, never of values: every pair is reinterpreted as the widest of
+int64/int32/int16/int8 that divides its byte count and the byte alignment of both
+pointers, so NaN payloads, -0.0 and subnormals arrive unchanged. Pairs with no elements
+are skipped; if every pair is empty nothing is launched.
+
+Kernel: one launch over a 1-D grid. Pair i owns the programs [start_i, start_(i+1)), one
+per chunk of TILES x BLOCK units (BLOCK counts elements of the pair's unit, so every
+unit costs the same registers); a program finds its pair with a static chain of
+range tests over the (at most 16) pairs, passed as tuples of pointers and lengths, and
+copies its chunk in TILES tiles (unmasked when the tile is full, masked for the tail).
+Programs never read or write past a pair's length, so any config copies the same bits.
+
+dst and src must not overlap (a tensor may appear in several pairs only as a source);
+overlap is not checked (it would need the storages' extents) and gives unspecified bytes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common as C
+
+NAME = "copy_inputs"
+MAX_PAIRS = 16
+_UNITS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8))
+
+
+def reference(pairs) -> None:
+    """The semantics: dst.copy_(src) for every pair, as bits (through an int8 view, so
+    no value conversion can touch a NaN payload)."""
+    for dst, src in pairs:
+        if dst.numel():
+            dst.reshape(-1).view(torch.int8).copy_(src.reshape(-1).view(torch.int8))
+
+
+# --- kernel ----------------------------------------------------------------------------
+@triton.jit
+def _copy_chunk(dst, src, n, local, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    """Copy chunk `local` (TILES tiles of BLOCK units) of a pair of n units."""
+    base = local.to(tl.int64) * (TILES * BLOCK)
+    d = dst + base
+    s = src + base
+    rem = n - base
+    lanes = tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        offs = t * BLOCK + lanes
+        if rem >= (t + 1) * BLOCK:
+            tl.store(d + offs, tl.load(s + offs))
+        else:
+            m = offs < rem
+            tl.store(d + offs, tl.load(s + offs, mask=m), mask=m)
+
+
+@triton.jit
+def _copy_inputs_kernel(dsts, srcs, ns, starts, NP: tl.constexpr, BLOCK: tl.constexpr,
+                        TILES: tl.constexpr):
+    pid = tl.program_id(0)
+    for i in tl.static_range(NP):
+        if (pid >= starts[i]) & (pid < starts[i + 1]):
+            _copy_chunk(dsts[i], srcs[i], ns[i], pid - starts[i], BLOCK, TILES)
+
+
+# --- search space and heuristic -------------------------------------------------------
+# BLOCK: units (int64/int32/int16/int8 elements) per tile, so a thread holds the same
+# number of registers whatever the unit; TILES: tiles per program.
+SPACE = {
+    "BLOCK": (64, 128, 256, 512, 1024, 2048, 4096),
+    "TILES": (1, 2, 4, 8),
+    "num_warps": (1, 2, 4, 8, 16),
+    "num_stages": (1,),
+}
+
+
+def constraint(config: dict, key: dict) -> bool:
+    """2 to 16 units a thread (one 16-byte int64 vector at least, no register spills),
+    and no chunk over four times the largest pair in int64 units (bigger chunks run
+    exactly like a smaller one)."""
+    per_thread = config["BLOCK"] // (32 * config["num_warps"])
+    if not 2 <= per_thread <= 16:
+        return False
+    chunk = config["BLOCK"] * config["TILES"] * 8
+    return chunk <= max(8 * min(SPACE["BLOCK"]), 4 * C.next_pow2(key["pair_bytes"]))
+
+
+def heuristic(key: dict, device: torch.device) -> dict:
+    """Small inputs (a step's tokens, positions, lengths): 512 units (4 KB of int64) a
+    program, 4 units a thread. Large pairs: 2048-unit tiles, two a program, 8 units a
+    thread, so that many loads are in flight."""
+    if key["pair_bytes"] <= 64 * 1024:
+        return {"BLOCK": 512, "TILES": 1, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK": 2048, "TILES": 2, "num_warps": 8, "num_stages": 1}
+
+
+def tune_key(n_pairs: int, pair_bytes: int, device: torch.device | None = None) -> dict:
+    return {"pairs": int(n_pairs), "pair_bytes": int(pair_bytes)}
+
+
+def resolve_config(config, key, device) -> dict:
+    if config is None:
+        return C.pick_config(NAME, key, heuristic, device)
+    C.check_config(NAME, config, SPACE)
+    return {**heuristic(key, device), **config}
+
+
+# --- launcher --------------------------------------------------------------------------
+def _validate(pairs):
+    if not isinstance(pairs, (list, tuple)):
+        raise TypeError(f"pairs: expected a list or tuple of (dst, src) tensor pairs, got "
+                        f"{type(pairs).__name__}")
+    if not 1 <= len(pairs) <= MAX_PAIRS:
+        raise ValueError(f"pairs: expected 1 to {MAX_PAIRS} (dst, src) pairs, got "
+                         f"{len(pairs)}")
+    dev = None
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(f"pairs[{i}]: expected a (dst, src) pair of tensors, got "
+                            f"{type(pair).__name__}"
+                            + (f" of length {len(pair)}" if isinstance(pair, (list, tuple))
+                               else ""))
+        dst, src = pair
+        for what, t in (("dst", dst), ("src", src)):
+            name = f"pairs[{i}] {what}"
+            C.check_tensor(name, t)
+            if dev is None:
+                dev = t.device
+                C.check_runnable(name, t)
+            C.check_device(name, t, dev)
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor, got shape "
+                                 f"{tuple(t.shape)} with strides {t.stride()}")
+        if dst.dtype != src.dtype:
+            raise TypeError(f"pairs[{i}]: expected dst and src of one dtype, got "
+                            f"{C._dtype_name(dst.dtype)} (dst) and {C._dtype_name(src.dtype)} "
+                            f"(src)")
+        if dst.numel() != src.numel():
+            raise ValueError(f"pairs[{i}]: expected dst and src with the same number of "
+                             f"elements, got {dst.numel()} (dst, shape {tuple(dst.shape)}) "
+                             f"and {src.numel()} (src, shape {tuple(src.shape)})")
+    return dev
+
+
+def _unit_view(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.dtype == dtype:
+        return t.reshape(-1)
+    return t.reshape(-1).view(dtype)
+
+
+def _plan(pairs):
+    """(dst views, src views, lengths in units) of the non-empty pairs."""
+    dsts, srcs, ns = [], [], []
+    for dst, src in pairs:
+        es = dst.element_size()
+        nbytes = dst.numel() * es
+        if nbytes == 0:
+            continue
+        width, dtype = next(           # int8 (width 1) always qualifies
+            (w, dt) for w, dt in _UNITS
+            if nbytes % w == 0 and all(t.data_ptr() % w == 0
+                                       and (t.storage_offset() * es) % w == 0
+                                       for t in (dst, src)))
+        dsts.append(_unit_view(dst, dtype))
+        srcs.append(_unit_view(src, dtype))
+        ns.append(nbytes // width)
+    return dsts, srcs, ns
+
+
+def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
+    """Launch on unit views (equal dtypes per pair, lengths `ns` in units)."""
+    chunk = int(cfg["BLOCK"]) * int(cfg["TILES"])
+    starts = [0]
+    for n in ns:
+        starts.append(starts[-1] + C.cdiv(n, chunk))
+    _copy_inputs_kernel[(starts[-1],)](
+        tuple(dsts), tuple(srcs), tuple(ns), tuple(starts), NP=len(dsts),
+        BLOCK=int(cfg["BLOCK"]), TILES=int(cfg["TILES"]),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+
+
+def copy_inputs(pairs, *, config: dict | None = None) -> None:
+    """Copy 1 to 16 (dst, src) pairs bit for bit in one launch: each pair one dtype and
+    one number of elements, both contiguous, all on one device; any dtypes across pairs.
+    Pairs must not overlap in memory (not checked)."""
+    dev = _validate(pairs)
+    dsts, srcs, ns = _plan(pairs)
+    if not dsts:
+        return None
+    largest = max(n * d.element_size() for d, n in zip(dsts, ns, strict=True))
+    key = tune_key(len(pairs), largest, dev)
+    cfg = resolve_config(config, key, dev)
+    launch_copy_inputs(dsts, srcs, ns, cfg)
+    return None
+
+
+# --- registration for tuning and benchmarks --------------------------------------------
+_MIX = (torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.float16, torch.bool,
+        torch.int8, torch.float64)
+
+
+def _pair_sizes(key: dict):
+    """(dtype, elements) of each pair: mixed dtypes, the first pair `pair_bytes` bytes,
+    the others a few elements fewer (odd lengths)."""
+    out = []
+    for i in range(key["pairs"]):
+        dt = _MIX[i % len(_MIX)]
+        es = torch.empty((), dtype=dt).element_size()
+        out.append((dt, max(1, key["pair_bytes"] // es - (0 if i == 0 else (i * 7) % 13))))
+    return out
+
+
+def make_pairs(key: dict, device: torch.device, seed: int, *, poison: bool = True):
+    """The pairs of `_pair_sizes(key)`: sources random bits, destinations poisoned."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    pairs = []
+    for dt, n in _pair_sizes(key):
+        es = torch.empty((), dtype=dt).element_size()
+        bits = torch.randint(-128, 128, (n * es,), generator=g, dtype=torch.int8)
+        if dt == torch.bool:                    # only 0 and 1 are bool values
+            src, fill = (bits & 1).view(torch.bool), 1
+        else:
+            src, fill = bits.view(dt), 0x5A
+        dst = torch.full((n * es,), fill if poison else 0, dtype=torch.uint8).view(dt)
+        pairs.append((dst.to(device), src.to(device)))
+    return pairs
+
+
+def _bytes(key: dict) -> int:
+    """Every pair read and written once."""
+    return sum(2 * n * torch.empty((), dtype=dt).element_size() for dt, n in _pair_sizes(key))
+
+
+def _bytes_view(ts):
+    return tuple(t.reshape(-1).view(torch.int8) for t in ts)
+
+
+def _run(pairs, cfg: dict):
+    """The tuner checks each config on fresh copies of the (poisoned) pairs."""
+    copy_inputs(pairs, config=cfg)
+    return _bytes_view(d for d, _ in pairs)
+
+
+def _ref(pairs):
+    return tuple(t.clone() for t in _bytes_view(s for _, s in pairs))
+
+
+def _peer(pairs):
+    for d, s in pairs:
+        d.copy_(s)
+    return _bytes_view(d for d, _ in pairs)
+
+
+def _default_keys(preset: str) -> list[dict]:
+    if preset == "smoke":
+        return [tune_key(3, 1024)]
+    return [tune_key(8, 4096), tune_key(2, 64 << 20)]
+
+
+def _register() -> None:
+    from autotune.registry import Tunable, register
+
+    register(Tunable(
+        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+        make_inputs=make_pairs, run=_run, reference=_ref, torch_peer=_peer,
+        bytes_moved=_bytes, default_keys=_default_keys,
+        sources=(_copy_inputs_kernel, _copy_chunk, launch_copy_inputs, _plan)))
+
+
+_register()
+
+
+def _bench_cases(preset: str):
+    from autotune.registry import BenchCase, BenchVariant
+
+    if preset == "smoke":
+        shapes = [(3, 1024)]
+    elif preset == "quick":
+        shapes = [(8, 4096), (16, 4096), (8, 1 << 20)]
+    else:
+        shapes = [(1, 4096), (8, 256), (8, 4096), (16, 4096), (8, 1 << 20), (2, 64 << 20),
+                  (16, 16 << 20)]
+    cases = []
+    for n_pairs, nbytes in shapes:
+        key = tune_key(n_pairs, nbytes)
+
+        def make(device, seed, key=key):
+            return make_pairs(key, device, seed)
+
+        def torch_copies(pairs):
+            for d, s in pairs:
+                d.copy_(s)
+
+        cases.append(BenchCase(
+            label={"pairs": n_pairs, "pair_bytes": nbytes}, make=make,
+            bytes=_bytes(key),
+            variants={
+                "ours": BenchVariant(lambda s: copy_inputs(s)),
+                "ours eager": BenchVariant(lambda s: copy_inputs(s), eager=True),
+                "torch eager": BenchVariant(torch_copies, eager=True, peer=True),
+                "torch graph": BenchVariant(torch_copies, peer=True),
+            }))
+    return cases
+
+
+def _register_bench() -> None:
+    from autotune.registry import BenchSuite, register_bench
+
+    register_bench(BenchSuite(
+        name=NAME, cases=_bench_cases, title="copy_inputs (step-graph input copies)",
+        notes="ours: one launch for every pair (bits, widest aligned int unit); torch: one "
+              "dst.copy_(src) per pair. Mixed dtypes (fp32, bf16, int64, int32, fp16, bool, "
+              "int8, fp64); the first pair has pair_bytes bytes, the others a few elements "
+              "fewer. Bytes: every pair read and written once."))
+
+
+_register_bench()
+copy_inputs.reference = reference

@@ -1,0 +1,519 @@
+"""draft_tail: the top-1 tail of a draft step, in one launch.
+
+For b in [0, B), with r[b] = rows[b] (every row when rows is None, so B = R):
+
+    t[b]      = argmax_v logits[r[b], v]          (torch.argmax rules, see argmax.py)
+    tokens[b] = token_map[t[b]]   (int64; t[b] itself when token_map is None)
+    probs[b]  = 1.0               (float32: a top-1 draft has unit probability)
+    hidden[b] = hidden_in[r[b]]   (hidden's dtype; None when hidden is None)
+    positions[b] += 1             (in place, when positions is given)
+    draft_tokens[b, column] = tokens[b]   (in place, when draft_tokens is given)
+
+Edge cases and choices:
+
+* A row index outside [0, R) never reads out of bounds: it is clamped to the nearest
+  valid row (a negative index reads row 0, an index >= R reads row R - 1), in the
+  argmax and in the hidden gather alike. `reference` clamps the same way.
+  `rows` may repeat and come in any order; int32 rows are accepted too.
+* `hidden` has one row per logits row ([R, H], float16/bfloat16/float32, last dim
+  contiguous, any row stride); H = 0 gives an empty [B, 0] copy.
+* `token_map` (int32/int64 [Vd], any stride) is read at t[b] < Vd only; its values are
+  copied as they are (widened to int64), in or out of any vocabulary.
+* `column` is a Python int in [-K, K) for draft_tokens [B, K] (negative counts from the
+  end); `positions` and `draft_tokens` may be strided views.
+* B = 0 returns empty outputs and launches nothing; R = 0 with rows non-empty is an error.
+
+One launch. The grid is [hidden-copy programs | argmax programs]:
+
+* Hidden programs (first B * cdiv(H, BLOCK_H) program ids) copy one BLOCK_H tile of
+  hidden[r[b]] into out.hidden[b] each.
+* Argmax programs: each selected row is cut into SPLIT chunks of whole BLOCK_V tiles read
+  in place (the row is never copied out); one program scans one chunk with the shared
+  torch-exact `chunk_argmax_packed` (UNROLL tiles in flight a step). With one chunk per
+  row the program finishes the row itself; otherwise the chunks meet through
+  `publish_packed` (atomic_max of the packed candidate into the per-b workspace slot,
+  then an arrival counter) and the last program of the row to arrive reads the slot,
+  puts slot and counter back to rest, maps the token and writes tokens[b] and
+  draft_tokens[b, column]. The slot is per output b, not per logits row,
+  so repeated rows do not share a slot. The first chunk's program of each b writes
+  probs[b] = 1 and positions[b] += 1 (its positions load is issued before the scan, so
+  it is off the critical path).
+
+No program waits on another, so the grid order cannot deadlock, and every config gives
+the same bits: the chunk answers are combined by an order-exact max.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common as C
+from ._argmax_core import (
+    PACKED_EMPTY,
+    SPLIT_SPACE,
+    chunk_argmax_packed,
+    publish_packed,
+    split_heuristic,
+    split_plan,
+    unpack_index,
+)
+
+NAME = "draft_tail"
+
+
+class DraftTail(NamedTuple):
+    tokens: torch.Tensor                 # int64 [B]
+    probs: torch.Tensor                  # float32 [B], all 1.0
+    hidden: torch.Tensor | None          # [B, H] in hidden's dtype, or None
+
+
+# --- the semantics ---------------------------------------------------------------------
+def reference(logits: torch.Tensor, rows: torch.Tensor | None = None,
+              hidden: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None,
+              draft_tokens: torch.Tensor | None = None, column: int = 0) -> DraftTail:
+    """Plain torch. Updates `positions` and `draft_tokens` in place like `draft_tail`."""
+    R = logits.shape[0]
+    dev = logits.device
+    if rows is None:
+        idx = torch.arange(R, device=dev)
+    elif rows.numel() == 0:
+        idx = torch.zeros(0, dtype=torch.int64, device=dev)
+    else:
+        idx = rows.to(torch.int64).clamp(0, R - 1)
+    B = idx.numel()
+    t = torch.argmax(logits[idx], dim=1)
+    tokens = t if token_map is None else token_map[t].to(torch.int64)
+    probs = torch.ones(B, dtype=torch.float32, device=dev)
+    h = None if hidden is None else hidden[idx]
+    if positions is not None:
+        positions.add_(1)
+    if draft_tokens is not None:
+        draft_tokens[:, column] = tokens
+    return DraftTail(tokens, probs, h)
+
+
+# --- kernels ---------------------------------------------------------------------------
+@triton.jit
+def _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS: tl.constexpr):
+    """The logits/hidden row of output b (int64), clamped into [0, R)."""
+    if HAS_ROWS:
+        r = tl.load(rows_ptr + b.to(tl.int64) * stride_rows).to(tl.int64)
+        r = tl.minimum(tl.maximum(r, 0), R - 1)
+    else:
+        r = b.to(tl.int64)
+    return r
+
+
+@triton.jit
+def _copy_hidden(pid, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h, h_tiles,
+                 HAS_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    b = pid // h_tiles
+    cols = (pid % h_tiles) * BLOCK_H + tl.arange(0, BLOCK_H)
+    r = _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS)
+    m = cols < H
+    v = tl.load(h_ptr + r * stride_h + cols, mask=m)
+    tl.store(hout_ptr + b.to(tl.int64) * H + cols, v, mask=m)
+
+
+@triton.jit
+def _finish(b, index, map_ptr, tok_ptr, dt_ptr, stride_map, stride_dt, dt_col,
+            HAS_MAP: tl.constexpr, HAS_DT: tl.constexpr):
+    """Map the winning draft id and write tokens[b] (and the draft_tokens column)."""
+    if HAS_MAP:
+        token = tl.load(map_ptr + index.to(tl.int64) * stride_map).to(tl.int64)
+    else:
+        token = index.to(tl.int64)
+    tl.store(tok_ptr + b, token)
+    if HAS_DT:
+        tl.store(dt_ptr + b.to(tl.int64) * stride_dt + dt_col, token)
+
+
+@triton.jit
+def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
+                 acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map, stride_pos,
+                 stride_dt, dt_col, n_split, tiles_per,
+                 HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr,
+                 HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                 UNROLL: tl.constexpr):
+    b = q // n_split
+    s = q % n_split
+    first = s == 0
+    if HAS_POS:   # issued before the scan; stored after it
+        pos = tl.load(pos_ptr + b.to(tl.int64) * stride_pos, mask=first, other=0)
+    r = _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS)
+    lo = s * tiles_per * BLOCK_V
+    hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+    packed = chunk_argmax_packed(x_ptr + r * stride_x, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    tl.store(probs_ptr + b, 1.0, mask=first)
+    if HAS_POS:
+        tl.store(pos_ptr + b.to(tl.int64) * stride_pos, pos + 1, mask=first)
+    if ONE_CHUNK:
+        _finish(b, unpack_index(packed), map_ptr, tok_ptr, dt_ptr, stride_map, stride_dt,
+                dt_col, HAS_MAP, HAS_DT)
+    else:
+        arrived = publish_packed(packed, acc_ptr + b, cnt_ptr + b)
+        if arrived == n_split - 1:
+            # The counter's acq_rel add above made every chunk's max visible here, so
+            # the slot read needs no fence of its own (a default acq_rel exchange costs
+            # a MEMBAR.ALL.GPU before it and the counter reset another, both on the
+            # critical path); the counter goes back to rest with a plain store (the
+            # next launch on the stream is ordered after this one).
+            packed = tl.atomic_xchg(acc_ptr + b, PACKED_EMPTY, sem="relaxed")
+            _finish(b, unpack_index(packed), map_ptr, tok_ptr, dt_ptr, stride_map,
+                    stride_dt, dt_col, HAS_MAP, HAS_DT)
+            tl.store(cnt_ptr + b, 0)
+
+
+@triton.jit
+def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
+                       h_ptr, hout_ptr, acc_ptr, cnt_ptr,
+                       R, V, stride_x, stride_rows, stride_map, stride_pos, stride_dt,
+                       dt_col, n_split, tiles_per, H, stride_h, h_tiles, n_hidden,
+                       HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr,
+                       HAS_POS: tl.constexpr, HAS_DT: tl.constexpr,
+                       HAS_HIDDEN: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                       BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                       UNROLL: tl.constexpr):
+    pid = tl.program_id(0)
+    if HAS_HIDDEN:
+        if pid < n_hidden:
+            _copy_hidden(pid, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h,
+                         h_tiles, HAS_ROWS, BLOCK_H)
+        else:
+            _argmax_tail(pid - n_hidden, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr,
+                         pos_ptr, dt_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
+                         stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per,
+                         HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK, BLOCK_V, UNROLL)
+    else:
+        _argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
+                     acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map,
+                     stride_pos, stride_dt, dt_col, n_split, tiles_per,
+                     HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK, BLOCK_V, UNROLL)
+
+
+# --- search space and heuristic -------------------------------------------------------
+# The shared split-argmax space (BLOCK_V, SPLIT, UNROLL, num_warps) plus BLOCK_V = 16384
+# (a whole 32000-entry bf16 row in one step of one 16-warp program with UNROLL 2: no
+# stage-2 atomics at B = 1) and BLOCK_H, the elements of a hidden row one copy program
+# moves. num_stages has one choice: the loops have no dot, so Triton does not pipeline
+# them (sm_90 SASS identical for 1, 2 and 3; no difference on the H200 either).
+SPACE = {
+    "BLOCK_V": tuple(SPLIT_SPACE["BLOCK_V"]) + (16384,),
+    "SPLIT": SPLIT_SPACE["SPLIT"],
+    "UNROLL": SPLIT_SPACE["UNROLL"],
+    "num_warps": SPLIT_SPACE["num_warps"],
+    "num_stages": (1,),
+    "BLOCK_H": (2048, 4096, 8192),
+}
+
+
+def constraint(config: dict, key: dict) -> bool:
+    """4..64 logits elements a thread per step; SPLIT up to the first power of two >= the
+    row's tiles (that one is a tile a chunk; larger ones would repeat it); UNROLL 2 only
+    with two tiles or more a chunk; for the hidden copy 1..64 elements a thread and no
+    tile beyond the row's next power of two (one BLOCK_H when H = 0: it is unused)."""
+    threads = 32 * config["num_warps"]
+    bv, unroll = config["BLOCK_V"], config["UNROLL"]
+    if not (4 * threads <= bv and bv * unroll <= 64 * threads):
+        return False
+    if config["SPLIT"] > C.next_pow2(C.cdiv(key["V"], bv)):
+        return False
+    if unroll > 1 and split_plan(key["V"], bv, config["SPLIT"])[1] < 2:
+        return False
+    bh, H = config["BLOCK_H"], key["H"]
+    if H <= 0:
+        return bh == SPACE["BLOCK_H"][0]
+    return threads <= bh <= 64 * threads and bh <= max(SPACE["BLOCK_H"][0], C.next_pow2(H))
+
+
+def heuristic(key: dict, device: torch.device) -> dict:
+    """The shared split-argmax heuristic measured on the H200 (`split_heuristic`: chunks
+    for about two programs per SM on 4 warps while the rows cannot fill the GPU, else a
+    program a row on 16 warps with two tiles in flight), UNROLL 1 where a chunk has a
+    single tile; hidden rows in one 4096-element tile a program, or the row when
+    shorter."""
+    cfg = split_heuristic(key["dtype"], key["V"], max(1, key["B"]), C.sm_count(device))
+    if split_plan(key["V"], cfg["BLOCK_V"], cfg["SPLIT"])[1] < 2:
+        cfg["UNROLL"] = 1
+    cfg["num_stages"] = 1
+    H = key["H"]
+    lo = SPACE["BLOCK_H"][0]
+    cfg["BLOCK_H"] = lo if H <= 0 else min(4096, max(lo, C.next_pow2(H)))
+    return cfg
+
+
+def tune_key(dtype: torch.dtype, V: int, B: int, H: int) -> dict:
+    """dtype and Vd of the logits, selected rows B, hidden width H (0 without hidden)."""
+    return {"dtype": C._dtype_name(dtype), "V": int(V), "B": int(B), "H": int(H)}
+
+
+def resolve_config(config, key: dict, device: torch.device) -> dict:
+    if config is None:
+        return C.pick_config(NAME, key, heuristic, device)
+    C.check_config(NAME, config, SPACE)
+    return {**heuristic(key, device), **config}
+
+
+# --- launcher --------------------------------------------------------------------------
+def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
+                      tokens, probs, hidden_out, cfg) -> None:
+    """Launch on validated tensors (B >= 1, R >= 1, column already in [0, K))."""
+    R, V = logits.shape
+    B = tokens.shape[0]
+    split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
+    acc, cnt = C.WORKSPACE.get(logits.device, B, B)
+    H = hidden.shape[1] if hidden is not None else 0
+    h_tiles = C.cdiv(H, cfg["BLOCK_H"]) if hidden is not None else 0
+    n_hidden = B * h_tiles
+    dummy = tokens
+    _draft_tail_kernel[(n_hidden + B * split,)](
+        logits, rows if rows is not None else dummy,
+        token_map if token_map is not None else dummy, tokens, probs,
+        positions if positions is not None else dummy,
+        draft_tokens if draft_tokens is not None else dummy,
+        hidden if n_hidden else dummy, hidden_out if n_hidden else dummy, acc, cnt,
+        R, V, logits.stride(0),
+        rows.stride(0) if rows is not None else 0,
+        token_map.stride(0) if token_map is not None else 0,
+        positions.stride(0) if positions is not None else 0,
+        draft_tokens.stride(0) if draft_tokens is not None else 0,
+        column * draft_tokens.stride(1) if draft_tokens is not None else 0,
+        split, tiles_per, H, hidden.stride(0) if n_hidden else 0, max(1, h_tiles), n_hidden,
+        HAS_ROWS=rows is not None, HAS_MAP=token_map is not None,
+        HAS_POS=positions is not None, HAS_DT=draft_tokens is not None,
+        HAS_HIDDEN=n_hidden > 0, ONE_CHUNK=split == 1,
+        BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], UNROLL=cfg["UNROLL"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def _check_out(out, B: int, hidden, device):
+    """out= : a DraftTail (or 3-sequence) whose fields may each be None (allocated)."""
+    if out is None:
+        return None, None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise TypeError("out: expected a DraftTail (tokens, probs, hidden) of preallocated "
+                        f"tensors or None fields, got {type(out).__name__}"
+                        + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    tokens, probs, h = out
+    if tokens is not None:
+        C.check_out("out.tokens", tokens, (B,), torch.int64, device)
+    if probs is not None:
+        C.check_out("out.probs", probs, (B,), torch.float32, device)
+    if h is not None:
+        if hidden is None:
+            raise ValueError("out.hidden: expected None when hidden is None, got a tensor "
+                             f"of shape {tuple(h.shape)}")
+        C.check_out("out.hidden", h, (B, hidden.shape[1]), hidden.dtype, device)
+    return tokens, probs, h
+
+
+def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
+               hidden: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None,
+               draft_tokens: torch.Tensor | None = None, column: int = 0,
+               out: DraftTail | None = None, config: dict | None = None) -> DraftTail:
+    """Top-1 tail of a draft step (see the module docstring), in one launch.
+
+    logits [R, Vd] float16/bfloat16/float32 (last dim contiguous, any row stride);
+    rows int64 (or int32) [B], default every row; hidden [R, H]; token_map int32/int64
+    [Vd]; positions int64 [B] (+= 1 in place); draft_tokens int64 [B, K]
+    (draft_tokens[:, column] = tokens in place). out: a DraftTail of preallocated
+    tokens int64 [B], probs float32 [B], hidden [B, H] (hidden's dtype) - any field may
+    be None to have it allocated; with every field given the call allocates nothing.
+    """
+    C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=2)
+    C.check_runnable("logits", logits)
+    C.check_logits_rows("logits", logits)
+    dev = logits.device
+    R, V = logits.shape
+    if rows is not None:
+        C.check_tensor("rows", rows, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
+        B = rows.shape[0]
+        if B > 0 and R == 0:
+            raise ValueError(f"logits: expected at least one row to select {B} rows from, "
+                             f"got shape {tuple(logits.shape)}")
+    else:
+        B = R
+    if hidden is not None:
+        C.check_tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=2, device=dev)
+        if hidden.shape[0] != R:
+            raise ValueError(f"hidden: expected {R} rows (one per logits row), "
+                             f"got shape {tuple(hidden.shape)}")
+        if hidden.shape[1] > 1 and hidden.stride(1) != 1:
+            raise ValueError("hidden: expected the last dim to be contiguous (stride 1), "
+                             f"got strides {hidden.stride()}")
+    if token_map is not None:
+        C.check_tensor("token_map", token_map, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
+        if token_map.shape[0] != V:
+            raise ValueError(f"token_map: expected shape ({V},) (one entry per draft id), "
+                             f"got {tuple(token_map.shape)}")
+    if positions is not None:
+        C.check_tensor("positions", positions, dtypes=(torch.int64,), ndim=1, device=dev)
+        if positions.shape[0] != B:
+            raise ValueError(f"positions: expected shape ({B},), got {tuple(positions.shape)}")
+    if isinstance(column, bool) or not isinstance(column, int):
+        raise TypeError(f"column: expected a Python int, got {type(column).__name__}")
+    if draft_tokens is not None:
+        C.check_tensor("draft_tokens", draft_tokens, dtypes=(torch.int64,), ndim=2,
+                       device=dev)
+        K = draft_tokens.shape[1]
+        if draft_tokens.shape[0] != B:
+            raise ValueError(f"draft_tokens: expected shape ({B}, K), "
+                             f"got {tuple(draft_tokens.shape)}")
+        if not -K <= column < K:
+            raise ValueError(f"column: expected an index in [{-K}, {K}) for draft_tokens "
+                             f"of shape {tuple(draft_tokens.shape)}, got {column}")
+        column %= K
+    tokens, probs, h_out = _check_out(out, B, hidden, dev)
+    if tokens is None:
+        tokens = torch.empty((B,), dtype=torch.int64, device=dev)
+    if probs is None:
+        probs = torch.empty((B,), dtype=torch.float32, device=dev)
+    if hidden is not None and h_out is None:
+        h_out = torch.empty((B, hidden.shape[1]), dtype=hidden.dtype, device=dev)
+    if B == 0:
+        return DraftTail(tokens, probs, h_out)
+    key = tune_key(logits.dtype, V, B, 0 if hidden is None else hidden.shape[1])
+    cfg = resolve_config(config, key, dev)
+    launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
+                      tokens, probs, h_out, cfg)
+    return DraftTail(tokens, probs, h_out)
+
+
+draft_tail.reference = reference
+
+
+# --- registration for tuning and benchmarks --------------------------------------------
+def make_inputs(key: dict, device: torch.device, seed: int) -> dict:
+    """R = 2B logits rows with planted cross-row ties, B of them selected out of order,
+    a non-monotone int64 map, hidden rows in the logits' dtype, positions and a
+    4-column draft_tokens written at column 1."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    B, V, H = key["B"], key["V"], key["H"]
+    dtype = getattr(torch, key["dtype"])
+    R = 2 * B
+    x = torch.randn(R, V, generator=g).to(dtype)
+    top = x.float().max(dim=1).values
+    j = torch.randint(0, V, (R,), generator=g)
+    x[torch.arange(R), j] = top.to(dtype)           # a tie for the max in every row
+    rows = torch.randperm(R, generator=g)[:B]
+    token_map = torch.randperm(V, generator=g) + torch.randint(0, 1000, (V,), generator=g)
+    hidden = torch.randn(R, H, generator=g).to(dtype) if H > 0 else None
+    return {"logits": x.to(device), "rows": rows.to(device), "token_map": token_map.to(device),
+            "hidden": None if hidden is None else hidden.to(device),
+            "positions": torch.randint(0, 4096, (B,), generator=g).to(device),
+            "draft_tokens": torch.full((B, 4), -1, dtype=torch.int64).to(device),
+            "column": 1}
+
+
+def _call(inp: dict, cfg=None, out=None) -> DraftTail:
+    return draft_tail(inp["logits"], rows=inp["rows"], hidden=inp["hidden"],
+                      token_map=inp["token_map"], positions=inp["positions"],
+                      draft_tokens=inp["draft_tokens"], column=inp["column"],
+                      out=out, config=cfg)
+
+
+def _tune_run(inp: dict, cfg: dict):
+    """Everything the call writes, compared bit for bit: the DraftTail, positions and
+    draft_tokens (the tuner runs each check on fresh copies of the inputs)."""
+    res = _call(inp, cfg)
+    return (*res, inp["positions"], inp["draft_tokens"])
+
+
+def _tune_reference(inp: dict):
+    res = reference(inp["logits"], inp["rows"], inp["hidden"], inp["token_map"],
+                    inp["positions"], inp["draft_tokens"], inp["column"])
+    return (*res, inp["positions"], inp["draft_tokens"])
+
+
+def _torch_tail(inp: dict):
+    """Torch's way, as serving engines write it: index the rows, argmax, map, gather the
+    hidden rows, positions += 1, write the column (several launches)."""
+    idx = inp["rows"]
+    t = torch.argmax(inp["logits"][idx], dim=1)
+    tokens = inp["token_map"][t]
+    probs = torch.ones(idx.shape[0], dtype=torch.float32, device=idx.device)
+    h = None if inp["hidden"] is None else inp["hidden"][idx]
+    inp["positions"].add_(1)
+    inp["draft_tokens"][:, inp["column"]] = tokens
+    return tokens, probs, h
+
+
+def _bytes(key: dict) -> int:
+    """Selected logits rows read once, hidden rows read and written once (hidden in the
+    logits' dtype), plus the small per-row traffic."""
+    es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
+    B = key["B"]
+    return B * key["V"] * es + 2 * B * key["H"] * es + B * (8 + 8 + 4 + 16 + 8)
+
+
+def _default_keys(preset: str) -> list[dict]:
+    if preset == "smoke":
+        return [tune_key(torch.bfloat16, 4096, 2, 256)]
+    return [tune_key(torch.bfloat16, v, b, h)
+            for v, b, h in ((32000, 1, 4096), (151936, 16, 4096), (151936, 256, 4096))]
+
+
+def _register() -> None:
+    from autotune.registry import Tunable, register
+
+    register(Tunable(
+        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+        make_inputs=make_inputs, run=_tune_run, reference=_tune_reference,
+        torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
+        sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
+                 chunk_argmax_packed, publish_packed, launch_draft_tail)))
+
+
+_register()
+
+
+def _bench_cases(preset: str):
+    from autotune.registry import BenchCase, BenchVariant
+
+    if preset == "smoke":
+        shapes = [(1, 4096, 256), (3, 1000, 64)]
+    elif preset == "quick":
+        shapes = [(1, 32000, 4096), (8, 151936, 4096), (64, 128256, 7168),
+                  (256, 151936, 4096)]
+    else:
+        shapes = [(b, v, h) for v in (32000, 128256, 151936) for h in (4096, 7168)
+                  for b in (1, 8, 64, 256)]
+    cases = []
+    for B, V, H in shapes:
+        key = tune_key(torch.bfloat16, V, B, H)
+
+        def make(device, seed, key=key):
+            inp = make_inputs(key, device, seed)
+            res = reference(inp["logits"], inp["rows"], inp["hidden"], inp["token_map"])
+            inp["out"] = DraftTail(*[None if t is None else t.clone() for t in res])
+            return inp
+
+        cases.append(BenchCase(
+            label={"dtype": "bfloat16", "B": B, "V": V, "H": H},
+            make=make, bytes=_bytes(key),
+            variants={
+                "ours": BenchVariant(lambda s: _call(s, out=s["out"])),
+                "torch eager": BenchVariant(_torch_tail, eager=True, peer=True),
+                "torch graph": BenchVariant(_torch_tail, peer=True),
+            }))
+    return cases
+
+
+def _register_bench() -> None:
+    from autotune.registry import BenchSuite, register_bench
+
+    register_bench(BenchSuite(
+        name=NAME, cases=_bench_cases, title="draft_tail (top-1 draft tail)",
+        notes="ours: one launch (argmax of the selected rows read in place, token map, "
+              "probs, positions += 1, draft_tokens column, hidden-row gather); torch: "
+              "index the rows, argmax, map, gather hidden, positions += 1, column write. "
+              "Bytes: the selected logits rows read once plus the hidden rows read and "
+              "written once (bf16)."))
+
+
+_register_bench()

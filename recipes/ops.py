@@ -1,0 +1,280 @@
+"""Every public recipe as a torch custom op (`torch.library`), namespace `spec_cookbook`.
+
+A custom op is opaque to `torch.compile`: Dynamo records one node for it (no graph break,
+no tracing into the launcher's Python), and the fake ("meta") implementation below tells
+the compiler the output shapes and dtypes without running a kernel. Ops that write into
+their arguments declare them in `mutates_args`, so functionalization keeps the writes.
+The kernels never synchronise with the host, so compiled graphs that call them can also
+be captured as CUDA graphs (`torch.compile(mode="reduce-overhead")`).
+
+    torch.ops.spec_cookbook.argmax(logits) -> Tensor
+    torch.ops.spec_cookbook.chain_verify(logits, draft_tokens, temperature, seeds,
+                                         positions) -> (tokens, accept_len, bonus, select_index)
+    torch.ops.spec_cookbook.draft_tail(logits, rows, hidden, token_map, positions,
+                                       draft_tokens, column) -> (tokens, probs, hidden)
+    torch.ops.spec_cookbook.relay_scatter(index, srcs, dsts) -> ()        # writes dsts
+    torch.ops.spec_cookbook.relay_gather(index, srcs, dsts) -> ()         # writes dsts
+    torch.ops.spec_cookbook.verify_metadata(req_pool_indices, seq_lens, req_to_token,
+                                            num_tokens, page_size, window, max_pages,
+                                            layout) -> 10 tensors (SPEC order)
+    torch.ops.spec_cookbook.copy_inputs(dsts, srcs) -> ()                 # writes dsts
+
+Ops return plain tuples of tensors. A field that the recipe returns as None (the hidden
+rows when `hidden` is None; the fields of a `verify_metadata` layout not asked for) is
+an empty tensor in the op. The Python wrappers of this module (`ops.argmax`,
+`ops.chain_verify`, ...) take the public functions' arguments (minus `out=`/`config=`:
+a compiled call always dispatches its launch configuration from the tuned table) and
+give back the same NamedTuples with the same Nones, so
+
+    from recipes import ops
+    step = torch.compile(lambda x, d: ops.chain_verify(x, d), fullgraph=True)
+
+is a drop-in for `recipes.chain_verify` inside compiled code. Outputs equal the eager
+recipes' bit for bit (they run the same kernels).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+NAMESPACE = "spec_cookbook"
+_LIB = f"{NAMESPACE}::"
+
+
+def _recipes():
+    """The public API, imported at call time (so that this module registers every op even
+    while a recipe module is still missing; calling that op then fails clearly)."""
+    import recipes
+
+    return recipes
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,))
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _fresh(outs, inputs):
+    """Custom ops may not return an alias of an input: copy any output that is one."""
+    ins = [t for t in inputs if isinstance(t, torch.Tensor)]
+    return tuple(o.clone() if any(_shares_storage(o, i) for i in ins) else o for o in outs)
+
+
+# --- argmax ----------------------------------------------------------------------------
+@torch.library.custom_op(_LIB + "argmax", mutates_args=())
+def _argmax_op(logits: torch.Tensor) -> torch.Tensor:
+    return _recipes().argmax(logits)
+
+
+@_argmax_op.register_fake
+def _(logits):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`recipes.argmax` as a custom op: int64 [R]."""
+    return torch.ops.spec_cookbook.argmax(logits)
+
+
+# --- chain_verify ----------------------------------------------------------------------
+@torch.library.custom_op(_LIB + "chain_verify", mutates_args=())
+def _chain_verify_op(logits: torch.Tensor, draft_tokens: torch.Tensor,
+                     temperature: Optional[torch.Tensor] = None,
+                     seeds: Optional[torch.Tensor] = None,
+                     positions: Optional[torch.Tensor] = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r = _recipes().chain_verify(logits, draft_tokens, temperature=temperature, seeds=seeds,
+                                positions=positions)
+    return _fresh(tuple(r), (logits, draft_tokens, temperature, seeds, positions))
+
+
+@_chain_verify_op.register_fake
+def _(logits, draft_tokens, temperature=None, seeds=None, positions=None):
+    B, K = draft_tokens.shape
+    new = logits.new_empty
+    return (new((B, K + 1), dtype=torch.int32), new((B,), dtype=torch.int32),
+            new((B,), dtype=torch.int32), new((B,), dtype=torch.int64))
+
+
+def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,
+                 seeds=None, positions=None):
+    """`recipes.chain_verify` as a custom op: a `VerifyResult`."""
+    from .chain_verify import VerifyResult
+
+    return VerifyResult(*torch.ops.spec_cookbook.chain_verify(
+        logits, draft_tokens, temperature, seeds, positions))
+
+
+# --- draft_tail ------------------------------------------------------------------------
+@torch.library.custom_op(_LIB + "draft_tail", mutates_args=("positions", "draft_tokens"))
+def _draft_tail_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                   hidden: Optional[torch.Tensor] = None,
+                   token_map: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None,
+                   draft_tokens: Optional[torch.Tensor] = None, column: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r = _recipes().draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
+                              positions=positions, draft_tokens=draft_tokens, column=column)
+    h = r.hidden if r.hidden is not None else _empty(logits)
+    return _fresh((r.tokens, r.probs, h),
+                  (logits, rows, hidden, token_map, positions, draft_tokens))
+
+
+@_draft_tail_op.register_fake
+def _(logits, rows=None, hidden=None, token_map=None, positions=None, draft_tokens=None,
+      column=0):
+    B = logits.shape[0] if rows is None else rows.shape[0]
+    tokens = logits.new_empty((B,), dtype=torch.int64)
+    probs = logits.new_empty((B,), dtype=torch.float32)
+    h = _empty(logits) if hidden is None else hidden.new_empty((B, hidden.shape[1]))
+    return tokens, probs, h
+
+
+def draft_tail(logits: torch.Tensor, *, rows=None, hidden=None, token_map=None,
+               positions=None, draft_tokens=None, column: int = 0):
+    """`recipes.draft_tail` as a custom op (writes `positions`/`draft_tokens` in place):
+    a `DraftTail`, whose `hidden` is None when `hidden` is None."""
+    tokens, probs, h = torch.ops.spec_cookbook.draft_tail(
+        logits, rows, hidden, token_map, positions, draft_tokens, column)
+    return _recipes().DraftTail(tokens, probs, None if hidden is None else h)
+
+
+# --- relay -----------------------------------------------------------------------------
+@torch.library.custom_op(_LIB + "relay_scatter", mutates_args=("dsts",))
+def _relay_scatter_op(index: torch.Tensor, srcs: list[torch.Tensor],
+                      dsts: list[torch.Tensor]) -> None:
+    _recipes().relay_scatter(index, list(zip(srcs, dsts, strict=False)))
+
+
+@_relay_scatter_op.register_fake
+def _(index, srcs, dsts):
+    return None
+
+
+@torch.library.custom_op(_LIB + "relay_gather", mutates_args=("dsts",))
+def _relay_gather_op(index: torch.Tensor, srcs: list[torch.Tensor],
+                     dsts: list[torch.Tensor]) -> None:
+    _recipes().relay_gather(index, list(zip(srcs, dsts, strict=False)))
+
+
+@_relay_gather_op.register_fake
+def _(index, srcs, dsts):
+    return None
+
+
+def _split_fields(fields):
+    fields = list(fields)
+    for i, f in enumerate(fields):
+        if not isinstance(f, (tuple, list)) or len(f) != 2:
+            raise TypeError(f"fields[{i}]: expected a (src, dst) pair of tensors, "
+                            f"got {type(f).__name__}")
+    return [f[0] for f in fields], [f[1] for f in fields]
+
+
+def relay_scatter(index: torch.Tensor, fields) -> None:
+    """`recipes.relay_scatter` as a custom op: `dst[index[b]] = src[b]` for each
+    (src, dst) pair, in place."""
+    srcs, dsts = _split_fields(fields)
+    torch.ops.spec_cookbook.relay_scatter(index, srcs, dsts)
+
+
+def relay_gather(index: torch.Tensor, fields) -> None:
+    """`recipes.relay_gather` as a custom op: `dst[b] = src[index[b]]` (zeros for an
+    index out of range) for each (src, dst) pair, in place."""
+    srcs, dsts = _split_fields(fields)
+    torch.ops.spec_cookbook.relay_gather(index, srcs, dsts)
+
+
+# --- verify_metadata -------------------------------------------------------------------
+METADATA_FIELDS = ("positions", "out_cache_loc", "seqlens_k", "cu_seqlens_q",
+                   "cu_seqlens_k", "max_seqlen_k", "page_table", "kv_indptr", "kv_indices",
+                   "kv_last_page_len")
+_LAYOUT_FIELDS = {"fa3": ("page_table",),
+                  "flashinfer": ("kv_indptr", "kv_indices", "kv_last_page_len")}
+
+
+def _metadata_fields(layout: str) -> set:
+    """The fields a layout fills (the others are None)."""
+    extra = _LAYOUT_FIELDS.get(layout)
+    if extra is None:
+        extra = _LAYOUT_FIELDS["fa3"] + _LAYOUT_FIELDS["flashinfer"] if layout == "both" \
+            else ()
+    return set(METADATA_FIELDS[:6]) | set(extra)
+
+
+@torch.library.custom_op(_LIB + "verify_metadata", mutates_args=())
+def _verify_metadata_op(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                        req_to_token: torch.Tensor, num_tokens: int, page_size: int = 1,
+                        window: Optional[int] = None, max_pages: Optional[int] = None,
+                        layout: str = "fa3") -> list[torch.Tensor]:
+    r = _recipes().verify_metadata(req_pool_indices, seq_lens, req_to_token, num_tokens,
+                                   page_size=page_size, window=window, max_pages=max_pages,
+                                   layout=layout)
+    outs = [getattr(r, f) for f in METADATA_FIELDS]
+    outs = [_empty(seq_lens) if t is None else t for t in outs]
+    return list(_fresh(outs, (req_pool_indices, seq_lens, req_to_token)))
+
+
+@_verify_metadata_op.register_fake
+def _(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size=1, window=None,
+      max_pages=None, layout="fa3"):
+    B = req_pool_indices.shape[0]
+    N = num_tokens
+    mp = max_pages if max_pages is not None else -(-req_to_token.shape[1] // page_size)
+    new = seq_lens.new_empty
+    i32, i64 = torch.int32, torch.int64
+    shapes = {"positions": ((B * N,), i64), "out_cache_loc": ((B * N,), i64),
+              "seqlens_k": ((B,), i32), "cu_seqlens_q": ((B + 1,), i32),
+              "cu_seqlens_k": ((B + 1,), i32), "max_seqlen_k": ((1,), i32),
+              "page_table": ((B, mp), i32), "kv_indptr": ((B + 1,), i32),
+              "kv_indices": ((B * mp,), i32), "kv_last_page_len": ((B,), i32)}
+    have = _metadata_fields(layout)
+    return [new(shapes[f][0], dtype=shapes[f][1]) if f in have else new((0,))
+            for f in METADATA_FIELDS]
+
+
+def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                    req_to_token: torch.Tensor, num_tokens: int, *, page_size: int = 1,
+                    window: int | None = None, max_pages: int | None = None,
+                    layout: str = "fa3"):
+    """`recipes.verify_metadata` as a custom op: a `VerifyMetadata` (fields of a layout
+    not asked for are None)."""
+    outs = torch.ops.spec_cookbook.verify_metadata(
+        req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, window, max_pages,
+        layout)
+    have = _metadata_fields(layout)
+    return _recipes().VerifyMetadata(**{f: (t if f in have else None)
+                                        for f, t in zip(METADATA_FIELDS, outs, strict=False)})
+
+
+# --- copy_inputs -----------------------------------------------------------------------
+@torch.library.custom_op(_LIB + "copy_inputs", mutates_args=("dsts",))
+def _copy_inputs_op(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    _recipes().copy_inputs(list(zip(dsts, srcs, strict=False)))
+
+
+@_copy_inputs_op.register_fake
+def _(dsts, srcs):
+    return None
+
+
+def copy_inputs(pairs) -> None:
+    """`recipes.copy_inputs` as a custom op: copies each (dst, src) pair, in place."""
+    pairs = list(pairs)
+    for i, p in enumerate(pairs):
+        if not isinstance(p, (tuple, list)) or len(p) != 2:
+            raise TypeError(f"pairs[{i}]: expected a (dst, src) pair of tensors, "
+                            f"got {type(p).__name__}")
+    torch.ops.spec_cookbook.copy_inputs([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+OPS = ("argmax", "chain_verify", "draft_tail", "relay_scatter", "relay_gather",
+       "verify_metadata", "copy_inputs")
+
+__all__ = list(OPS) + ["NAMESPACE", "METADATA_FIELDS"]

@@ -1,0 +1,103 @@
+"""The registry and the tuner's planning (no kernels run)."""
+import pytest
+import torch
+from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
+
+from autotune import registry
+from autotune.registry import Tunable, key_str, outputs_equal
+from autotune.search import Encoding, config_id, is_ordinal, target_trials
+from autotune.tuner import Options, keys_for, plan, resolve
+
+
+def test_fake_is_registered_and_recipes_register_themselves(fake):
+    F = fake
+    assert "fake_scale" in registry.tunables()
+    names = registry.tunables()
+    assert "fake_scale" in names and names["fake_scale"] is F.SCALE
+    registry.load_recipes("recipes")
+    t = registry.tunables()
+    real = [n for n in t if not n.startswith("fake_")]
+    assert real, "no recipe registered itself on import"
+    for name in real:
+        tn = t[name]
+        for preset in ("smoke", "gpu"):
+            keys = tn.default_keys(preset)
+            assert keys and all(isinstance(k, dict) and k for k in keys), (name, preset)
+        key = tn.default_keys("smoke")[0]
+        heur = tn.heuristic(key, torch.device("cpu"))
+        assert set(tn.space) <= set(heur), f"{name}: heuristic lacks space parameters"
+        assert tn.configs(key), f"{name}: the constraint admits nothing for {key}"
+        assert tn.bytes_moved(key) > 0
+
+
+def test_configs_apply_the_constraint(fake):
+    F = fake
+    key = {"dtype": "float32", "N": 64}
+    grid = F.SCALE.configs(key)
+    assert grid and all(F.constraint(c, key) for c in grid)
+    assert len(grid) == sum(1 for b in F.SPACE["BLOCK"] for w in F.SPACE["W"]
+                            for s in F.SPACE["S"]
+                            if F.constraint({"BLOCK": b, "W": w, "S": s}, key))
+    assert F.SCALE.admits({"BLOCK": 64, "W": 2, "S": 1}, key)
+    assert F.SCALE.admits({"BLOCK": 64, "W": 2, "S": 1, "extra": 1}, key)   # extras ok
+    assert not F.SCALE.admits({"BLOCK": 256, "W": 1, "S": 1}, key)   # > N
+    assert not F.SCALE.admits({"BLOCK": 48, "W": 1, "S": 1}, key)    # not a choice
+    assert not F.SCALE.admits({"BLOCK": 64, "W": 2}, key)            # missing a parameter
+
+
+def test_hashes_and_keys(fake):
+    F = fake
+    t = F.SCALE
+    t2 = Tunable(**{**t.__dict__, "space": {**t.space, "S": (1, 2, 3)}})
+    assert t.space_hash() != t2.space_hash()
+    assert t.space_hash() == Tunable(**t.__dict__).space_hash()
+    assert len(t.source_hash()) == 16
+    assert key_str({"V": 3, "dtype": "x", "B": 1}) == "B=1,V=3,dtype=x"
+    assert outputs_equal((torch.ones(2), None), (torch.ones(2), None))
+    assert not outputs_equal(torch.ones(2), torch.ones(2, dtype=torch.float64))
+    assert not outputs_equal(torch.zeros(1), torch.tensor([-0.0]).neg().neg() + 1)
+
+
+def test_encoding_roundtrip():
+    space = {"A": (1, 2, 4), "B": ("x", "y"), "C": (3,), "D": (True, False)}
+    enc = Encoding(space)
+    assert enc.ordinal == {"A": True, "B": False, "C": False, "D": False}
+    assert is_ordinal((1, 2, 4)) and not is_ordinal((4, 2)) and not is_ordinal((True, False))
+    cfg = {"A": 4, "B": "y", "C": 3, "D": False}
+    p = enc.params(cfg)
+    assert p == {"A": 2, "B": "y", "D": False}
+    assert enc.config(p) == cfg
+    assert enc.params({**cfg, "A": 3}) is None
+    assert config_id(cfg) == config_id(dict(reversed(list(cfg.items()))))
+
+
+def test_key_overrides(fake):
+    F = fake
+    t = F.SCALE
+    keys = keys_for(t, "gpu", {})
+    assert keys == t.default_keys("gpu")
+    keys = keys_for(t, "gpu", {"dtype": ["float32"], "key": []})
+    assert {k["dtype"] for k in keys} == {"float32"} and len(keys) == 2
+    keys = keys_for(t, "gpu", {"N": ["128", "512"]})
+    assert sorted({k["N"] for k in keys}) == [128, 512] and len(keys) == 4
+    # an alias whose field the key lacks leaves the keys alone
+    assert keys_for(t, "gpu", {"vocab": ["1000"]}) == t.default_keys("gpu")
+
+
+def test_plan_exhaustive_or_sampled(fake):
+    F = fake
+    o = resolve(Options(recipes=["fake_scale"], package="fake_tunables"), torch.device("cpu"))
+    o.exhaustive_limit = 10
+    o.trials = None
+    jobs = plan(o, "test-gpu")
+    assert len(jobs) == 1                             # the smoke key on CPU
+    j = jobs[0]
+    assert len(j.grid) == 18 and not j.exhaustive
+    assert j.target == target_trials(18, None, 0.3) == 8
+    assert j.study.startswith("tune:test-gpu:fake_scale[") and F.SCALE.space_hash() in j.study
+    o.exhaustive_limit = 200
+    j = plan(o, "test-gpu")[0]
+    assert j.exhaustive and j.target == 18
+    with pytest.raises(SystemExit):
+        plan(Options(recipes=["no_such_recipe"], package="fake_tunables", preset="smoke"),
+             "x")

@@ -1,0 +1,214 @@
+"""copy_inputs: bit-for-bit copies of 1 to 16 pairs of any dtypes, sizes and alignments,
+with nothing written outside the destinations; every config; errors."""
+import importlib
+
+import pytest
+import torch
+from helpers import ON_GPU, sample_configs
+
+import recipes
+
+CI = importlib.import_module("recipes.copy_inputs")
+pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+
+GUARD = 64            # guard bytes around every destination
+POISON = 0x5A
+DTYPES = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.float16, torch.bfloat16,
+          torch.int32, torch.float32, torch.int64, torch.float64, torch.complex64,
+          torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16,
+          torch.complex32]
+NAN_BITS = {   # NaN payloads (quiet and signalling, both signs), -0.0, a subnormal
+    torch.float32: [0x7FC00001, 0xFFBADBAD - 2**32, 0x7F800001, 0x80000000 - 2**32, 1],
+    torch.float16: [0x7E01, 0x7C01, 0xFE55 - 2**16, 0x8000 - 2**16, 1],
+    torch.bfloat16: [0x7FC1, 0x7F81, 0xFFAA - 2**16, 0x8000 - 2**16, 1],
+    torch.float64: [0x7FF8000000000123, 0x7FF0000000000001, -(2**63), 1],
+}
+INT_OF = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BIG = {"BLOCK": 4096, "TILES": 8, "num_warps": 8, "num_stages": 1}
+SMALL = {"BLOCK": 64, "TILES": 2, "num_warps": 1, "num_stages": 1}
+
+
+def random_bits(n, dtype, g):
+    """n elements of dtype with random bits (bool: 0/1), NaN payloads planted."""
+    es = torch.empty((), dtype=dtype).element_size()
+    bits = torch.randint(-128, 128, (n * es,), generator=g, dtype=torch.int8)
+    if dtype == torch.bool:
+        return (bits & 1).view(torch.bool)
+    t = bits.view(dtype)
+    special = NAN_BITS.get(dtype)
+    if special and n:
+        words = t.view(INT_OF[es])
+        k = min(n, len(special))
+        words[:k] = torch.tensor(special[:k], dtype=INT_OF[es])
+    if dtype == torch.complex64 and n:           # NaN payload in a real part
+        t.view(torch.int32)[0] = 0x7FC00BAD
+    return t
+
+
+def guarded_dst(n, dtype, device, offset_bytes):
+    """A poisoned destination of n elements inside a poisoned buffer, `offset_bytes`
+    (a multiple of the element size) past the guard band's 16-byte boundary."""
+    es = torch.empty((), dtype=dtype).element_size()
+    buf = torch.full((GUARD + offset_bytes + n * es + GUARD,), POISON, dtype=torch.uint8,
+                     device=device)
+    lo = GUARD + offset_bytes
+    return buf, buf[lo: lo + n * es].view(dtype), lo
+
+
+def run_case(device, specs, config=None, seed=0):
+    """specs: [(dtype, n, dst byte offset, src byte offset)]; checks every pair's bytes
+    and the guard bands."""
+    g = torch.Generator().manual_seed(seed)
+    pairs, checks = [], []
+    for dtype, n, doff, soff in specs:
+        src_bits = random_bits(n, dtype, g)
+        es = src_bits.element_size()
+        sbuf = torch.zeros(soff + n * es + 8, dtype=torch.uint8)
+        sbuf[soff: soff + n * es] = src_bits.view(torch.uint8)
+        sbuf = sbuf.to(device)
+        src = sbuf[soff: soff + n * es].view(dtype)
+        buf, dst, lo = guarded_dst(n, dtype, device, doff)
+        pairs.append((dst, src))
+        checks.append((buf, lo, n * es, src_bits.view(torch.uint8)))
+    assert recipes.copy_inputs(pairs, config=config) is None
+    for i, (buf, lo, nb, want) in enumerate(checks):
+        got = buf.cpu()
+        assert torch.equal(got[lo: lo + nb], want), f"pair {i} {specs[i]}: bytes differ"
+        assert (got[:lo] == POISON).all() and (got[lo + nb:] == POISON).all(), \
+            f"pair {i} {specs[i]}: wrote outside the destination"
+
+
+def test_sixteen_mixed_pairs(device):
+    sizes = [0, 1, 3, 7, 17, 255, 1000, 4096, 33, 2, 129, 64, 513, 5, 1024, 11]
+    specs = [(dt, n, 0, 0) for dt, n in zip(DTYPES, sizes, strict=True)]
+    assert len(specs) == 16
+    for cfg in (None, SMALL, BIG):
+        run_case(device, specs, cfg, seed=1)
+
+
+ONE_PAIR = [(dt, nb) for dt in (torch.float32, torch.bfloat16, torch.float16, torch.bool,
+                                 torch.int64, torch.complex64, torch.int8)
+            for nb in (0, 1, 2, 8, 24, 4096, 4100, 1 << 20)
+            if nb % torch.empty((), dtype=dt).element_size() == 0]
+
+
+@pytest.mark.parametrize("dtype,nbytes", ONE_PAIR)
+def test_one_pair_sizes(device, dtype, nbytes):
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    run_case(device, [(dtype, n, 0, 0)], BIG if nbytes >= (1 << 20) else None, seed=nbytes)
+    if nbytes == 4100:
+        run_case(device, [(dtype, n, 0, 0)], SMALL, seed=3)
+
+
+def test_alignment_picks_units(device):
+    # byte count and both pointers' alignment decide the unit: int64 down to int8
+    checked = []
+    for (doff, soff, nb), want in [((0, 0, 4096), torch.int64), ((8, 16, 4096), torch.int64),
+                                   ((4, 0, 4096), torch.int32), ((0, 2, 4096), torch.int16),
+                                   ((0, 0, 4094), torch.int16), ((1, 0, 4096), torch.int8),
+                                   ((0, 0, 4095), torch.int8)]:
+        run_case(device, [(torch.uint8, nb, doff, soff)], SMALL, seed=nb + doff)
+        sb = torch.zeros(soff + nb, dtype=torch.uint8, device=device)
+        db = torch.zeros(doff + nb, dtype=torch.uint8, device=device)
+        src, dst = sb[soff:], db[doff:]
+        if sb.data_ptr() % 16 == 0 and db.data_ptr() % 16 == 0:   # allocator-aligned bases
+            checked.append(nb)
+            dsts, _, ns = CI._plan([(dst, src)])
+            assert dsts[0].dtype == want, (doff, soff, nb, dsts[0].dtype)
+            assert ns[0] * dsts[0].element_size() == nb
+    assert len(checked) == 7
+    run_case(device, [(torch.float32, 1001, 4, 12), (torch.bfloat16, 33, 2, 6),
+                      (torch.float64, 9, 8, 0)], None, seed=4)
+
+
+def test_shapes_differ_and_scalars(device):
+    g = torch.Generator().manual_seed(5)
+    src = random_bits(12, torch.float32, g).view(3, 4).to(device)
+    dst = torch.full((12,), 7.0, device=device)
+    s0 = random_bits(1, torch.bfloat16, g).reshape(()).to(device)
+    d0 = torch.zeros((1, 1), dtype=torch.bfloat16, device=device)
+    same = random_bits(5, torch.int64, g).to(device)          # one source, two pairs
+    d1, d2 = torch.zeros_like(same), torch.zeros_like(same)
+    recipes.copy_inputs([(dst, src), (d0, s0), (d1, same), (d2, same)])
+    assert torch.equal(dst.view(torch.int32).cpu(), src.reshape(-1).view(torch.int32).cpu())
+    assert torch.equal(d0.view(torch.int16).reshape(()).cpu(), s0.view(torch.int16).cpu())
+    assert torch.equal(d1, same) and torch.equal(d2, same)
+
+
+def test_empty_pairs_launch_nothing(device):
+    e = torch.empty(0, device=device)
+    recipes.copy_inputs([(e, torch.empty(0, device=device))])
+    recipes.copy_inputs([(torch.empty(0, 3, device=device), torch.empty(3, 0, device=device))])
+
+
+def test_every_config(device):
+    from autotune.registry import tunables
+
+    t = tunables()["copy_inputs"]
+    key = CI.tune_key(5, 5000)
+    configs = t.configs(key)
+    assert len(configs) > 20
+    specs = [(torch.float32, 1250, 0, 0), (torch.bfloat16, 2047, 0, 2), (torch.bool, 4999, 0, 0),
+             (torch.int64, 3, 0, 0), (torch.float16, 2500, 2, 0)]
+    for cfg in sample_configs(configs, 8):
+        run_case(device, specs, cfg, seed=6)
+    # the registered tuning pieces agree with each other
+    smoke = t.default_keys("smoke")[0]
+    x = t.make_inputs(smoke, device, 0)
+    ref = t.reference(x)
+    assert t.equal(t.run(x, t.heuristic(smoke, device)), ref)
+    assert t.equal(t.torch_peer(t.make_inputs(smoke, device, 0)), ref)
+
+
+def test_errors(device):
+    a = torch.zeros(4, device=device)
+    cp = recipes.copy_inputs
+    with pytest.raises(TypeError, match="pairs.*list or tuple.*Tensor"):
+        cp(a)
+    with pytest.raises(ValueError, match="pairs.*1 to 16.*got 0"):
+        cp([])
+    with pytest.raises(ValueError, match="pairs.*1 to 16.*got 17"):
+        cp([(a, a.clone())] * 17)
+    with pytest.raises(TypeError, match="pairs\\[0\\].*\\(dst, src\\) pair.*length 3"):
+        cp([(a, a, a)])
+    with pytest.raises(TypeError, match="pairs\\[1\\] src.*Tensor.*list"):
+        cp([(a, a.clone()), (a.clone(), [1, 2])])
+    with pytest.raises(TypeError, match="pairs\\[0\\].*one dtype.*float32 \\(dst\\).*"
+                                        "float16 \\(src\\)"):
+        cp([(a, a.half())])
+    with pytest.raises(ValueError, match="pairs\\[0\\].*same number of elements.*4 .*5 "):
+        cp([(a, torch.zeros(5, device=device))])
+    with pytest.raises(ValueError, match="pairs\\[0\\] src.*contiguous.*strides \\(2,\\)"):
+        cp([(a, torch.zeros(8, device=device)[::2])])
+    with pytest.raises(ValueError, match="pairs\\[0\\] dst.*contiguous"):
+        cp([(torch.zeros(2, 2, device=device).t(), torch.zeros(4, device=device))])
+    with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK"):
+        cp([(a, a.clone())], config={"BLOCK_BYTES": 1})
+    if ON_GPU:
+        with pytest.raises(ValueError, match="pairs\\[0\\] src.*cuda.*cpu"):
+            cp([(a, a.cpu())])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture(device):
+    g = torch.Generator().manual_seed(7)
+    specs = [(torch.int64, 256), (torch.int32, 513), (torch.float32, 1024), (torch.bool, 77),
+             (torch.bfloat16, 2048), (torch.float16, 1), (torch.int64, 3), (torch.float32, 999)]
+    srcs = [random_bits(n, dt, g).to(device) for dt, n in specs]
+    dsts = [torch.zeros_like(s) for s in srcs]
+    pairs = list(zip(dsts, srcs, strict=True))
+    recipes.copy_inputs(pairs)                      # compile outside the capture
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recipes.copy_inputs(pairs)
+    assert torch.cuda.memory_allocated() == before
+    for seed in (8, 9):
+        g = torch.Generator().manual_seed(seed)
+        for s, (dt, n) in zip(srcs, specs, strict=True):
+            s.copy_(random_bits(n, dt, g).to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        for d, s in zip(dsts, srcs, strict=True):
+            assert torch.equal(d.view(torch.uint8), s.view(torch.uint8))

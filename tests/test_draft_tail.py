@@ -1,0 +1,423 @@
+"""draft_tail: bitwise parity with the torch reference on the hard inputs, every config.
+
+Every call here poisons what the kernel must write (out= tensors, the draft_tokens
+column) and compares all outputs and in-place updates against `reference` run on clones.
+Float outputs that may hold NaN or -0.0 (the hidden rows) are compared as raw bits.
+"""
+import importlib
+
+import pytest
+import torch
+from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
+
+import recipes
+from recipes import _common as C
+
+M = importlib.import_module("recipes.draft_tail")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 512, "num_warps": 4,
+         "num_stages": 1}
+CONFIGS = (None, SMALL, {**SMALL, "SPLIT": 1, "UNROLL": 2},
+           {**SMALL, "BLOCK_V": 1024, "SPLIT": 256, "BLOCK_H": 1024, "num_warps": 8})
+POISON_TOKEN = -7
+
+
+def bits(t):
+    """A float tensor as raw integer bits (NaN payloads and -0.0 compare exactly)."""
+    if t is None or not t.is_floating_point():
+        return t
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def hard_hidden(R, H, dtype, device, seed=0):
+    """Hidden rows with NaN, -0.0 and inf planted, so the copy must be a bit move."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(R, H, generator=g).to(dtype)
+    if H >= 3:
+        h[:, 0] = -0.0
+        h[::2, H // 2] = float("nan")
+        h[1::2, H - 1] = float("-inf")
+    return h.to(device)
+
+
+def a_map(V, dtype, device, seed=0):
+    """A non-monotone absolute map (EAGLE-3 style: d2t + arange), values up to ~V + 5000."""
+    g = torch.Generator().manual_seed(seed)
+    d2t = torch.randint(0, 5000, (V,), generator=g)
+    m = (d2t + torch.arange(V)).flip(0).to(dtype)
+    return m.to(device)
+
+
+def run_and_check(x, *, rows=None, hidden=None, token_map=None, positions=True,
+                  draft_tokens=None, column=0, config=None, use_out=True, what=""):
+    """Call draft_tail with poisoned outputs and compare everything with the reference."""
+    dev = x.device
+    B = x.shape[0] if rows is None else rows.shape[0]
+    pos = None
+    if positions is True:
+        pos = torch.arange(100, 100 + B, dtype=torch.int64, device=dev) * 3
+    elif positions is not None:
+        pos = positions
+    dt_ref = None if draft_tokens is None else draft_tokens.clone()
+    pos_ref = None if pos is None else pos.clone()
+    want = M.reference(x, rows, hidden, token_map, pos_ref, dt_ref, column)
+    out = None
+    if use_out:
+        out = recipes.DraftTail(
+            torch.full((B,), POISON_TOKEN, dtype=torch.int64, device=dev),
+            torch.full((B,), float("nan"), dtype=torch.float32, device=dev),
+            None if hidden is None else torch.full((B, hidden.shape[1]), 7, device=dev,
+                                                   dtype=hidden.dtype))
+    got = recipes.draft_tail(x, rows=rows, hidden=hidden, token_map=token_map, positions=pos,
+                             draft_tokens=draft_tokens, column=column, out=out, config=config)
+    assert isinstance(got, recipes.DraftTail)
+    if out is not None:
+        for o, g in zip(out, got, strict=True):
+            assert o is g, f"{what}: out= tensor not returned"
+    assert_equal(got.tokens, want.tokens, f"{what} tokens")
+    assert_equal(got.probs, want.probs, f"{what} probs")
+    if hidden is None:
+        assert got.hidden is None
+    else:
+        assert_equal(bits(got.hidden), bits(want.hidden), f"{what} hidden")
+    if pos is not None:
+        assert_equal(pos, pos_ref, f"{what} positions")
+    if draft_tokens is not None:
+        assert_equal(draft_tokens, dt_ref, f"{what} draft_tokens")
+    return got
+
+
+# --- the hard inputs --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("V", [1, 7, 512, 1000, 4099])
+def test_hard_inputs(device, dtype, V):
+    R = 9
+    x = hard_logits(R, V, dtype, device, seed=V)
+    # repeated, out of order, odd B, out of range (clamped: -1 -> 0, 9 and 100 -> 8)
+    rows = torch.tensor([8, 3, 3, 0, 5, 7, 2, 1, 6, 4, -1, 100, 9], device=device)
+    B = rows.shape[0]
+    hidden = hard_hidden(R, 300, dtype, device, seed=V)
+    tmap = a_map(V, torch.int32 if V % 2 else torch.int64, device, seed=V)
+    extra = ({**SMALL, "SPLIT": 2, "UNROLL": 2, "BLOCK_H": 1024},) if V > 4096 else ()
+    for cfg in CONFIGS + extra:
+        dt = torch.full((B, 3), -5, dtype=torch.int64, device=device)
+        run_and_check(x, rows=rows, hidden=hidden, token_map=tmap, draft_tokens=dt,
+                      column=2, config=cfg, what=f"V={V} cfg={cfg}")
+
+
+@pytest.mark.parametrize("B", [1, 2, 5])
+def test_every_row_default(device, B):
+    x = hard_logits(B, 3001, torch.bfloat16, device, seed=B)
+    for cfg in (None, SMALL, {**SMALL, "SPLIT": 1}):
+        run_and_check(x, config=cfg, what=f"B={B} cfg={cfg}")            # bare call
+        run_and_check(x, hidden=hard_hidden(B, 64, torch.bfloat16, device), config=cfg,
+                      draft_tokens=torch.zeros(B, 1, dtype=torch.int64, device=device),
+                      what=f"B={B} cfg={cfg} hidden")
+
+
+def test_rows_out_of_range_are_clamped(device):
+    x = hard_logits(4, 600, torch.float32, device, seed=2)
+    h = hard_hidden(4, 33, torch.float32, device)
+    for dt in (torch.int64, torch.int32):
+        big = 2**40 if dt == torch.int64 else 2**31 - 1
+        rows = torch.tensor([-1, 4, big, -big, 3, 0], dtype=dt, device=device)
+        for cfg in (SMALL, {**SMALL, "SPLIT": 1}):
+            got = run_and_check(x, rows=rows, hidden=h, config=cfg, what=f"{dt} {cfg}")
+            t = torch.argmax(x, dim=1)
+            assert got.tokens.tolist() == [t[0], t[3], t[3], t[0], t[3], t[0]]
+
+
+def test_token_maps(device):
+    V = 2500
+    x = hard_logits(6, V, torch.bfloat16, device, seed=4)
+    rows = torch.tensor([5, 4, 3, 2, 1, 0], device=device)
+    base = a_map(2 * V, torch.int64, device, seed=1)
+    maps = {"int32": a_map(V, torch.int32, device, seed=3), "int64": a_map(V, torch.int64, device),
+            "strided": base[::2], "negative/huge": torch.full((V,), 2**40, device=device)
+            - a_map(V, torch.int64, device) * 2**35}
+    for name, m in maps.items():
+        for cfg in (SMALL, {**SMALL, "SPLIT": 1}):
+            got = run_and_check(x, rows=rows, token_map=m, config=cfg, what=name)
+            t = M.reference(x, rows).tokens
+            assert_equal(got.tokens, m[t].to(torch.int64), f"{name} vs map[argmax]")
+
+
+def test_strided_logits_rows(device):
+    base = hard_logits(8, 3000, torch.bfloat16, device, seed=5)
+    x = base[:, 100:2100]                    # row stride 3000, V 2000
+    assert x.stride() == (3000, 1)
+    h = hard_hidden(8, 96, torch.bfloat16, device)
+    rows = torch.tensor([7, 0, 7, 3], device=device)
+    for cfg in (None, SMALL, {**SMALL, "SPLIT": 1}):
+        run_and_check(x, rows=rows, hidden=h, config=cfg, what=f"sliced {cfg}")
+    y = base[::2, :]                         # every other row, row stride 6000
+    run_and_check(y, rows=torch.tensor([3, 1], device=device), hidden=h[::2], config=SMALL,
+                  what="row-sliced")
+
+
+def test_strided_draft_tokens_positions_and_column(device):
+    x = hard_logits(5, 1500, torch.float16, device, seed=6)
+    rows = torch.tensor([4, 1, 1], device=device)
+    for column in (0, 1, 3, -1, -4):
+        for layout in ("contiguous", "transposed", "every-other"):
+            if layout == "contiguous":
+                dt = torch.full((3, 4), -5, dtype=torch.int64, device=device)
+            elif layout == "transposed":
+                dt = torch.full((4, 3), -5, dtype=torch.int64, device=device).t()
+            else:
+                dt = torch.full((6, 8), -5, dtype=torch.int64, device=device)[::2, ::2]
+            backing = torch.full((9,), 11, dtype=torch.int64, device=device)
+            pos = backing[::3]                                    # strided positions
+            run_and_check(x, rows=rows, positions=pos, draft_tokens=dt, column=column,
+                          config=SMALL, what=f"{layout} column={column}")
+            assert backing.tolist() == [12, 11, 11] * 3           # only [::3] touched
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_hidden_real_size(device, dtype):
+    """H = 7168 (DeepSeek-V3), hidden rows strided, logits in another dtype."""
+    R, H = 6, 7168
+    x = hard_logits(R, 3000, torch.bfloat16, device, seed=7)
+    hbase = hard_hidden(R, H + 64, dtype, device, seed=1)
+    h = hbase[:, 32:32 + H]
+    rows = torch.tensor([5, 0, 2, 2, 1], device=device)
+    for cfg in (None, SMALL, {**SMALL, "BLOCK_H": 1024, "num_warps": 2},
+                {**SMALL, "BLOCK_H": 2048, "SPLIT": 8},
+                {**SMALL, "BLOCK_H": 4096, "num_warps": 8, "BLOCK_V": 1024},
+                {**SMALL, "BLOCK_H": 8192, "num_warps": 16, "BLOCK_V": 2048, "SPLIT": 1}):
+        run_and_check(x, rows=rows, hidden=h, token_map=a_map(3000, torch.int32, device),
+                      draft_tokens=torch.zeros(5, 2, dtype=torch.int64, device=device),
+                      column=1, config=cfg, what=f"{dtype} {cfg}")
+
+
+def test_real_vocab_151936(device):
+    V = 151936
+    x = hard_logits(9, V, torch.bfloat16, device, seed=1)
+    rows = torch.tensor([8, 2, 5, 0, 3], device=device)
+    h = hard_hidden(9, 4096, torch.bfloat16, device)
+    m = a_map(V, torch.int64, device)
+    for cfg in (None, {**SMALL, "BLOCK_V": 4096, "SPLIT": 1, "UNROLL": 2, "num_warps": 8}):
+        run_and_check(x, rows=rows, hidden=h, token_map=m,
+                      draft_tokens=torch.zeros(5, 3, dtype=torch.int64, device=device),
+                      column=1, config=cfg, what=f"151936 {cfg}")
+
+
+# --- shapes, out=, workspace --------------------------------------------------------
+def test_empty_batches(device):
+    x = hard_logits(3, 100, torch.float32, device)
+    h = hard_hidden(3, 16, torch.float32, device)
+    rows = torch.zeros(0, dtype=torch.int64, device=device)
+    pos = torch.zeros(0, dtype=torch.int64, device=device)
+    dt = torch.zeros(0, 2, dtype=torch.int64, device=device)
+    got = recipes.draft_tail(x, rows=rows, hidden=h, positions=pos, draft_tokens=dt, column=1)
+    assert got.tokens.shape == (0,) and got.tokens.dtype == torch.int64
+    assert got.probs.shape == (0,) and got.probs.dtype == torch.float32
+    assert got.hidden.shape == (0, 16) and got.hidden.dtype == torch.float32
+    want = M.reference(x, rows, h)
+    assert want.tokens.shape == (0,) and want.hidden.shape == (0, 16)
+    empty = torch.empty(0, 100, device=device)                # R = 0, rows default
+    got = recipes.draft_tail(empty, hidden=torch.empty(0, 8, device=device))
+    assert got.tokens.shape == (0,) and got.hidden.shape == (0, 8)
+    assert recipes.draft_tail(empty, rows=rows).tokens.shape == (0,)
+    assert M.reference(empty, rows).tokens.shape == (0,)
+
+
+def test_out_partial_and_hidden_width_zero(device):
+    x = hard_logits(3, 900, torch.bfloat16, device)
+    h = hard_hidden(3, 40, torch.bfloat16, device)
+    tok = torch.full((3,), POISON_TOKEN, dtype=torch.int64, device=device)
+    got = recipes.draft_tail(x, hidden=h, out=(tok, None, None), config=SMALL)
+    assert got.tokens is tok
+    want = M.reference(x, None, h)
+    assert_equal(got.tokens, want.tokens, "tokens")
+    assert_equal(got.probs, want.probs, "probs")
+    assert_equal(bits(got.hidden), bits(want.hidden), "hidden")
+    run_and_check(x, hidden=h[:, :0], config=SMALL, what="H=0")
+
+
+def test_repeated_calls_leave_workspace_at_rest(device):
+    for seed, B in enumerate((3, 1, 7, 2)):
+        x = hard_logits(8, 5000, torch.float32, device, seed=seed)
+        rows = torch.randint(0, 8, (B,), generator=torch.Generator().manual_seed(seed))
+        run_and_check(x, rows=rows.to(device), config={**SMALL, "SPLIT": 8},
+                      what=f"call {seed}")
+        acc, cnt = C.WORKSPACE.get(device, 1, 1)
+        assert bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all()), "workspace"
+    # argmax shares the workspace
+    y = hard_logits(3, 20000, torch.float32, device, seed=9)
+    assert_equal(recipes.argmax(y, config={"SPLIT": 4}), torch.argmax(y, dim=1), "argmax")
+
+
+def test_every_config(device):
+    from autotune.registry import tunables
+
+    # ~90 configs (all compiled on the GPU); more BLOCK_H choices: test_hidden_real_size
+    key = {"dtype": "bfloat16", "V": 5000, "B": 3, "H": 3000}
+    tun = tunables()["draft_tail"]
+    configs = tun.configs(key)
+    assert len(configs) >= 80
+    assert {c["UNROLL"] for c in configs} == {1, 2}
+    assert len({c["BLOCK_H"] for c in configs}) == 2
+    x = hard_logits(5, 5000, torch.bfloat16, device, seed=3)
+    rows = torch.tensor([4, 0, 4], device=device)
+    h = hard_hidden(5, 3000, torch.bfloat16, device)
+    m = a_map(5000, torch.int32, device)
+    for cfg in sample_configs(configs, 8):
+        run_and_check(x, rows=rows, hidden=h, token_map=m,
+                      draft_tokens=torch.zeros(3, 2, dtype=torch.int64, device=device),
+                      column=1, config=cfg, what=f"cfg={cfg}")
+    # keys without hidden admit a single BLOCK_H
+    assert {c["BLOCK_H"] for c in tun.configs({**key, "H": 0})} == {M.SPACE["BLOCK_H"][0]}
+
+
+def test_heuristic_and_registration(device, monkeypatch):
+    from autotune.registry import benches, tunables
+
+    tun = tunables()["draft_tail"]
+    with monkeypatch.context() as mp:
+        mp.setattr(C, "sm_count", lambda d: 132)                 # as on an H200
+        for dt in (torch.bfloat16, torch.float32):
+            for B in (1, 3, 8, 64, 256, 1024):
+                for V in (1, 7, 32000, 128256, 151936):
+                    for H in (0, 7, 4096, 7168):
+                        key = M.tune_key(dt, V, B, H)
+                        cfg = M.heuristic(key, device)
+                        assert set(cfg) == set(M.SPACE)
+                        assert all(cfg[k] in M.SPACE[k] for k in cfg), (key, cfg)
+                        assert M.constraint(cfg, key), (key, cfg)
+        small = M.heuristic(M.tune_key(torch.bfloat16, 32000, 1, 4096), device)
+        assert small["SPLIT"] > 1                                 # many chunks at B = 1
+        big = M.heuristic(M.tune_key(torch.bfloat16, 151936, 512, 4096), device)
+        assert big["SPLIT"] == 1                                  # a program a row
+    assert len(tun.default_keys("gpu")) <= 4
+    for key in tun.default_keys("smoke"):
+        inp = tun.make_inputs(key, device, 0)
+        clone = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
+        want = tun.reference(clone)
+        assert tun.equal(tun.run(inp, tun.heuristic(key, device)), want)
+        assert tun.bytes_moved(key) > 0
+    suite = benches()["draft_tail"]
+    assert len(suite.cases("full")) == 24
+    for case in suite.cases("smoke"):
+        state = case.make(device, 0)
+        for v in case.variants.values():
+            v.fn(state)
+
+
+# --- errors --------------------------------------------------------------------------
+def test_errors(device):
+    x = torch.randn(4, 10, device=device)
+    rows = torch.tensor([0, 1], device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    with pytest.raises(TypeError, match="logits.*float16/bfloat16/float32.*int64"):
+        recipes.draft_tail(x.long())
+    with pytest.raises(ValueError, match="logits.*2-D.*got shape \\(10,\\)"):
+        recipes.draft_tail(x[0])
+    with pytest.raises(ValueError, match="logits.*contiguous"):
+        recipes.draft_tail(x.t())
+    with pytest.raises(ValueError, match="vocabulary.*got 0"):
+        recipes.draft_tail(torch.empty(2, 0, device=device))
+    with pytest.raises(TypeError, match="rows.*int32/int64.*float32"):
+        recipes.draft_tail(x, rows=rows.float())
+    with pytest.raises(ValueError, match="rows.*1-D.*\\(2, 1\\)"):
+        recipes.draft_tail(x, rows=rows[:, None])
+    with pytest.raises(ValueError, match="logits.*at least one row.*\\(0, 10\\)"):
+        recipes.draft_tail(torch.empty(0, 10, device=device), rows=rows)
+    with pytest.raises(ValueError, match="hidden.*4 rows.*\\(3, 8\\)"):
+        recipes.draft_tail(x, hidden=torch.randn(3, 8, device=device))
+    with pytest.raises(TypeError, match="hidden.*float16/bfloat16/float32.*int64"):
+        recipes.draft_tail(x, hidden=torch.zeros(4, 8, **i64))
+    with pytest.raises(ValueError, match="hidden.*contiguous"):
+        recipes.draft_tail(x, hidden=torch.randn(8, 4, device=device).t())
+    with pytest.raises(ValueError, match="token_map.*\\(10,\\).*\\(9,\\)"):
+        recipes.draft_tail(x, token_map=torch.zeros(9, **i64))
+    with pytest.raises(TypeError, match="token_map.*int32/int64.*float32"):
+        recipes.draft_tail(x, token_map=torch.zeros(10, device=device))
+    with pytest.raises(ValueError, match="positions.*\\(2,\\).*\\(4,\\)"):
+        recipes.draft_tail(x, rows=rows, positions=torch.zeros(4, **i64))
+    with pytest.raises(TypeError, match="positions.*int64.*int32"):
+        recipes.draft_tail(x, positions=torch.zeros(4, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="draft_tokens.*\\(2, K\\).*\\(3, 4\\)"):
+        recipes.draft_tail(x, rows=rows, draft_tokens=torch.zeros(3, 4, **i64))
+    with pytest.raises(ValueError, match="draft_tokens.*2-D.*\\(2,\\)"):
+        recipes.draft_tail(x, rows=rows, draft_tokens=torch.zeros(2, **i64))
+    with pytest.raises(ValueError, match="column.*\\[-4, 4\\).*\\(2, 4\\).*got 4"):
+        recipes.draft_tail(x, rows=rows, draft_tokens=torch.zeros(2, 4, **i64), column=4)
+    with pytest.raises(TypeError, match="column.*int.*Tensor"):
+        recipes.draft_tail(x, rows=rows, draft_tokens=torch.zeros(2, 4, **i64),
+                           column=torch.tensor(1))
+    with pytest.raises(TypeError, match="out.*DraftTail.*Tensor"):
+        recipes.draft_tail(x, out=torch.zeros(4, **i64))
+    with pytest.raises(ValueError, match="out.tokens.*\\(2,\\).*\\(4,\\)"):
+        recipes.draft_tail(x, rows=rows, out=(torch.zeros(4, **i64), None, None))
+    with pytest.raises(TypeError, match="out.probs.*float32.*float16"):
+        recipes.draft_tail(x, out=(None, torch.zeros(4, dtype=torch.float16,
+                                                     device=device), None))
+    with pytest.raises(ValueError, match="out.hidden.*None when hidden is None"):
+        recipes.draft_tail(x, out=(None, None, torch.zeros(4, 8, device=device)))
+    with pytest.raises(TypeError, match="out.hidden.*bfloat16.*float32"):
+        recipes.draft_tail(x, hidden=torch.zeros(4, 8, dtype=torch.bfloat16, device=device),
+                           out=(None, None, torch.zeros(4, 8, device=device)))
+    with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK"):
+        recipes.draft_tail(x, config={"BLOCK": 3})
+    if device.type == "cpu" and torch.cuda.is_available():
+        with pytest.raises(ValueError, match="rows.*cuda"):
+            recipes.draft_tail(x, rows=rows.cuda())
+
+
+# --- GPU only --------------------------------------------------------------------------
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture(device):
+    B, R, V, H = 8, 16, 32000, 4096
+    x = hard_logits(R, V, torch.bfloat16, device, seed=11)
+    rows = torch.tensor([15, 3, 3, 0, 9, 8, 1, 14], device=device)
+    h = hard_hidden(R, H, torch.bfloat16, device)
+    m = a_map(V, torch.int64, device)
+    pos = torch.zeros(B, dtype=torch.int64, device=device)
+    dt = torch.full((B, 4), -1, dtype=torch.int64, device=device)
+    want = M.reference(x, rows, h, m)
+    out = recipes.DraftTail(torch.empty_like(want.tokens), torch.empty_like(want.probs),
+                            torch.empty_like(want.hidden))
+    for cfg in (None, {**SMALL, "SPLIT": 1}):
+        def call(cfg=cfg):
+            recipes.draft_tail(x, rows=rows, hidden=h, token_map=m, positions=pos,
+                               draft_tokens=dt, column=2, out=out, config=cfg)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()                                       # compile + workspace warm-up
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        pos.zero_()
+        out.tokens.fill_(POISON_TOKEN)
+        out.hidden.fill_(0)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        assert_equal(out.tokens, want.tokens, f"graph tokens {cfg}")
+        assert_equal(bits(out.hidden), bits(want.hidden), f"graph hidden {cfg}")
+        assert_equal(pos, torch.full((B,), 3, dtype=torch.int64, device=device), "positions")
+        assert_equal(dt[:, 2], want.tokens, "column")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
+def test_over_2_pow_31_elements(device):
+    R, V = 16385, 131072                   # 2^31 + 2^17 elements, 4 GiB in bf16
+    x = torch.randn(R, V, device=device, dtype=torch.bfloat16)
+    x[-1, V - 1] = 1e4
+    x[-2, 5] = float("nan")
+    x[-3, 70000] = 1e4
+    x[-3, 130000] = 1e4
+    rows = torch.tensor([R - 1, R - 2, R - 3, 0, R - 1, R + 5], device=device)
+    for cfg in (None, {**SMALL, "SPLIT": 1}, {**SMALL, "SPLIT": 1, "UNROLL": 2},
+                {**SMALL, "BLOCK_V": 4096, "SPLIT": 16, "BLOCK_H": 8192, "num_warps": 8}):
+        # the logits themselves as hidden rows: a > 2^31-element gather too
+        run_and_check(x, rows=rows, hidden=x, token_map=a_map(V, torch.int32, device),
+                      draft_tokens=torch.zeros(6, 2, dtype=torch.int64, device=device),
+                      column=1, config=cfg, what=f"2^31 {cfg}")
+    del x
+    torch.cuda.empty_cache()
