@@ -25,6 +25,10 @@ def subprocess_env(**extra) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("SPEC_TUNE_DEVICE", os.environ.get("SPEC_TUNE_DEVICE", ""))
     env.update({k: str(v) for k, v in extra.items()})
+    if env.get("SPEC_TUNE_DEVICE") == "cpu":
+        # the CPU smoke path exactly as CI runs it, also on a GPU host: the subprocess sees
+        # no GPU, so nothing in it (recipes, torch, the tuner) takes a CUDA branch
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 

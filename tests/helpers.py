@@ -48,3 +48,22 @@ def hard_logits(R, V, dtype, device, seed=0):
     for i in range(min(R, len(cases))):
         cases[i](x[i])
     return x.to(device)
+
+
+def capture(fn):
+    """Capture `fn()` in a CUDA graph; returns (graph, bytes the capture allocated beyond
+    what capturing an empty graph allocates). torch's capture itself takes a little memory
+    (1 KiB on torch 2.11), so the baseline is an empty capture, taken after a first one
+    that absorbs any once-per-process cost."""
+    def captured(body):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        return g, torch.cuda.memory_allocated() - before
+
+    captured(lambda: None)
+    _, empty = captured(lambda: None)
+    graph, used = captured(fn)
+    return graph, used - empty

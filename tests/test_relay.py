@@ -3,7 +3,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, sample_configs
+from helpers import ON_GPU, assert_equal, capture, sample_configs
 
 import recipes
 
@@ -465,11 +465,8 @@ def test_cuda_graph_capture_and_replay(device):
         fn = recipes.relay_scatter if mode == "scatter" else recipes.relay_gather
         fn(index, fields)                                   # compile outside the capture
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        before = torch.cuda.memory_allocated(device)
-        with torch.cuda.graph(graph):
-            fn(index, fields)
-        assert torch.cuda.memory_allocated(device) == before
+        graph, allocated = capture(lambda fn=fn, i=index, f=fields: fn(i, f))
+        assert allocated == 0
         for seed in range(3):
             index.copy_(slots(B, P, torch.int64, device, seed=10 + seed))
             fresh = make_fields(mode, B, P, specs, device, seed=20 + seed)
