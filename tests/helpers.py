@@ -52,9 +52,10 @@ def hard_logits(R, V, dtype, device, seed=0):
 
 def capture(fn):
     """Capture `fn()` in a CUDA graph; returns (graph, bytes the capture allocated beyond
-    what capturing an empty graph allocates). torch's capture itself takes a little memory
-    (1 KiB on torch 2.11), so the baseline is an empty capture, taken after a first one
-    that absorbs any once-per-process cost."""
+    what capturing an empty graph allocates: <= 0 when `fn` allocates nothing). torch's
+    capture machinery takes memory of its own (on the H200 with torch 2.11 an empty
+    capture took 1 KiB and a capture of our launches 0), so the baseline is an empty
+    capture, taken after a first one that absorbs any once-per-process cost."""
     def captured(body):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()

@@ -29,8 +29,9 @@ def _opts(tmp_path, **kw):
     return Options(**base)
 
 
-def _study(tmp_path, recipe="fake_scale"):
-    slug = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
+def _study(tmp_path, recipe="fake_scale", slug=None):
+    if slug is None:
+        slug = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
     st = open_storage(f"sqlite:///{tmp_path}/{slug}/studies.db")
     names = [s.study_name for s in optuna.get_all_study_summaries(st)
              if f":{recipe}[" in s.study_name]
@@ -162,7 +163,7 @@ def test_budget_cuts_a_key_but_keeps_one_trial(tmp_path, fake):
 def _progress(db_dir):
     """(evaluated trials, a trial is running with its params set)"""
     try:
-        trials = _study(db_dir, "fake_slow").trials
+        trials = _study(db_dir, "fake_slow", "cpu-interpreter").trials
     except Exception:  # noqa: BLE001 - not created yet
         return 0, False
     running = any(t.state == optuna.trial.TrialState.RUNNING and t.params for t in trials)
@@ -191,7 +192,7 @@ def test_killed_tune_resumes(tmp_path):
         os.killpg(p.pid, signal.SIGKILL)           # in the middle of a trial
     finally:
         p.wait()
-    s = _study(tmp_path, "fake_slow")
+    s = _study(tmp_path, "fake_slow", "cpu-interpreter")
     done_before = {t.number: info(t)["config_id"] for t in s.trials
                    if info(t).get("status") in EVALUATED}
     assert 2 <= len(done_before) < 6
@@ -200,7 +201,7 @@ def test_killed_tune_resumes(tmp_path):
     r = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_SLOW_S": "0.05"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    s = _study(tmp_path, "fake_slow")
+    s = _study(tmp_path, "fake_slow", "cpu-interpreter")
     after = {t.number: info(t).get("config_id") for t in s.trials}
     assert all(after[n] == c for n, c in done_before.items()), "finished trials changed"
     ev = [info(t)["config_id"] for t in s.trials if info(t).get("status") in EVALUATED]

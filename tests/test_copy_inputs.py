@@ -200,7 +200,7 @@ def test_cuda_graph_capture(device):
     recipes.copy_inputs(pairs)                      # compile outside the capture
     torch.cuda.synchronize()
     graph, allocated = capture(lambda: recipes.copy_inputs(pairs))
-    assert allocated == 0
+    assert allocated <= 0, f"the capture allocated {allocated} bytes"
     for seed in (8, 9):
         g = torch.Generator().manual_seed(seed)
         for s, (dt, n) in zip(srcs, specs, strict=True):

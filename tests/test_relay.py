@@ -466,7 +466,7 @@ def test_cuda_graph_capture_and_replay(device):
         fn(index, fields)                                   # compile outside the capture
         torch.cuda.synchronize()
         graph, allocated = capture(lambda fn=fn, i=index, f=fields: fn(i, f))
-        assert allocated == 0
+        assert allocated <= 0, f"the capture allocated {allocated} bytes"
         for seed in range(3):
             index.copy_(slots(B, P, torch.int64, device, seed=10 + seed))
             fresh = make_fields(mode, B, P, specs, device, seed=20 + seed)

@@ -306,7 +306,7 @@ def test_cuda_graph_capture(device):
     out = recipes.verify_metadata(**inp)                   # warm up: compile, allocate
     torch.cuda.synchronize()
     graph, allocated = capture(lambda: recipes.verify_metadata(**inp, out=out))
-    assert allocated == 0
+    assert allocated <= 0, f"the capture allocated {allocated} bytes"
     for seed in (17, 18):
         new = make(device, B, C, N, seed=seed, page_size=16, layout="both", window=1000)
         for k in ("req_pool_indices", "seq_lens"):

@@ -19,10 +19,19 @@ if [ "${1:-1}" = 1 ]; then
   tar czf "$OUT/h200-tune.tgz" --exclude='*.db*' results/h200
   tail -4 "$OUT/tests.log"; cat "$OUT/stages.txt"; tail -12 "$OUT/tune.log"
 else
-  timeout 330 make bench BENCH_ARGS="--max-seconds 280 --out results/h200" \
+  FAILED_TESTS=(tests/test_autotune_tune.py::test_sampled_tune_resumes_from_the_store
+    tests/test_chain_verify_sampled.py::test_noise_term_upper_bound_exhaustive
+    tests/test_autotune_tune.py::test_killed_tune_resumes
+    tests/test_autotune_tune.py::test_cli_smoke_tune_of_every_recipe
+    tests/test_relay.py::test_cuda_graph_capture_and_replay
+    tests/test_copy_inputs.py::test_cuda_graph_capture
+    tests/test_ops.py::test_draft_tail_op tests/test_verify_metadata.py::test_cuda_graph_capture)
+  SPEC_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -n 8 -p no:benchmark \
+    -p no:cacheprovider -rf --tb=short "${FAILED_TESTS[@]}" >"$OUT/retest.log" 2>&1
+  timeout 300 make bench BENCH_ARGS="--max-seconds 250 --out results/h200" \
     >"$OUT/bench.log" 2>&1
-  timeout 210 python3 -m autotune quality --keys 10 --budget-s 180 --no-progress \
+  timeout 160 python3 -m autotune quality --keys 10 --budget-s 130 --no-progress \
     >"$OUT/quality.log" 2>&1
   tar czf "$OUT/h200-bench.tgz" --exclude='*.db*' results/h200
-  tail -8 "$OUT/bench.log"; tail -20 "$OUT/quality.log"
+  tail -3 "$OUT/retest.log"; tail -8 "$OUT/bench.log"; tail -20 "$OUT/quality.log"
 fi

@@ -1,0 +1,84 @@
+"""Read the committed benchmark JSON of a GPU and print the issues' speed targets
+against the measured times, as a markdown table.
+
+Usage: python tools/targets.py results/h200 [copy_TBps]
+copy_TBps: the copy-bandwidth ceiling for the bandwidth fractions (default: the one the
+bench run measured and wrote into BENCH.json)."""
+import json
+import sys
+from pathlib import Path
+
+root = Path(sys.argv[1])
+ceiling = float(sys.argv[2]) * 1e12 if len(sys.argv) > 2 else None
+
+
+def cases(suite):
+    d = json.loads((root / f"bench-{suite}.json").read_text())
+    return d["cases"]
+
+
+def ours(c):
+    return min(c["timings"][v]["p50"] for v in ("ours", "ours (repeat)") if v in c["timings"])
+
+
+def pick(suite, **label):
+    return [c for c in cases(suite) if all(c["label"].get(k) == v for k, v in label.items())]
+
+
+def bw(c):
+    bench = json.loads((root / "BENCH.json").read_text())
+    cb = ceiling or bench["copy_bandwidth_Bps"]
+    return c["bytes"] / (ours(c) * 1e-6) / cb
+
+
+rows = []
+c = pick("chain_verify", dtype="bfloat16", B=1, K=3, V=151936)[0]
+rows.append(("chain_verify greedy B=1 K=3 V=151936 bf16", "<= 2.0 us", f"{ours(c):.2f} us"))
+for c in pick("chain_verify", K=4):
+    if c["label"]["B"] >= 64:
+        lab = c["label"]
+        rows.append((f"chain_verify greedy B={lab['B']} K=4 V={lab['V']} {lab['dtype']}",
+                     ">= 90% copy BW", f"{ours(c):.1f} us, {100 * bw(c):.0f}%"))
+slow = [c for c in cases("chain_verify")
+        if "torch graph" in c["timings"] and ours(c) > c["timings"]["torch graph"]["p50"]]
+rows.append(("chain_verify greedy: shapes slower than torch graph", "none",
+             ", ".join(f"B={c['label']['B']} K={c['label']['K']} V={c['label']['V']} "
+                       f"{c['label']['dtype']} ({ours(c):.1f} vs "
+                       f"{c['timings']['torch graph']['p50']:.1f} us)" for c in slow) or "none"))
+for name, suite in (("argmax", "argmax"),):
+    slow = [c for c in cases(suite) if ours(c) > c["timings"]["torch graph"]["p50"]]
+    rows.append((f"{name}: shapes slower than torch graph", "none", str(len(slow))))
+c = pick("chain_verify_sampled", dtype="bfloat16", B=1, K=3, V=151936)
+if c:
+    rows.append(("chain_verify sampled B=1 K=3 V=151936 bf16", "<= 3.0 us", f"{ours(c[0]):.2f} us"))
+for c in pick("chain_verify_sampled", B=64, K=4):
+    g = c["timings"].get("ours (greedy)", {}).get("p50")
+    if g:
+        rows.append((f"sampled/greedy B=64 K=4 V={c['label']['V']} {c['label']['dtype']}",
+                     "<= 2.5x", f"{ours(c):.1f} / {g:.1f} us = {ours(c) / g:.2f}x"))
+for c in pick("draft_tail", B=1, V=32000, H=4096):
+    rows.append(("draft_tail B=1 Vd=32000 H=4096", "<= 2.0 us", f"{ours(c):.2f} us"))
+for c in pick("draft_tail", B=256, V=151936):
+    rows.append((f"draft_tail B=256 Vd=151936 H={c['label']['H']}", ">= 85% copy BW",
+                 f"{ours(c):.1f} us, {100 * bw(c):.0f}%"))
+for c in cases("relay"):
+    lab = c["label"]
+    if lab.get("B") == 1 and lab.get("H") == 7168:
+        rows.append((f"relay {lab.get('mode')} B=1 H=7168", "<= 1.5 us", f"{ours(c):.2f} us"))
+    if lab.get("B") == 256:
+        rows.append((f"relay {lab.get('mode')} B=256 H={lab.get('H')}", ">= 70% copy BW",
+                     f"{ours(c):.2f} us, {100 * bw(c):.0f}%"))
+for c in cases("verify_metadata"):
+    lab = c["label"]
+    if lab.get("B") == 1 and lab.get("context") == 163840 and lab.get("page_size") == 64:
+        rows.append(("verify_metadata B=1 160K page 64", "<= 3.0 us", f"{ours(c):.2f} us"))
+for c in cases("copy_inputs"):
+    rows.append((f"copy_inputs {c['label']}", "<= 1.5 us (8 x <= 4 KB)", f"{ours(c):.2f} us"))
+bench = json.loads((root / "BENCH.json").read_text())
+cb = (ceiling or bench["copy_bandwidth_Bps"]) / 1e12
+print(f"Targets of the issues against `{root}/bench-*.json` ({bench['gpu']}, torch "
+      f"{bench['torch']}, triton {bench['triton']}, {bench['date']}); bandwidth fractions "
+      f"against a copy ceiling of {cb:.3f} TB/s.\n")
+print("| what | target | measured |\n|---|---|---|")
+for r in rows:
+    print(f"| {r[0]} | {r[1]} | {r[2]} |")
