@@ -26,6 +26,21 @@ def interpreter_active() -> bool:
 _INTERPRET_AT_IMPORT = interpreter_active()
 
 
+def interpreter_numpy_problem() -> str | None:
+    """Why the Triton interpreter cannot run here, or None. Triton 3.6's interpreter turns
+    1-element arrays into ints with int(), which NumPy 2.4 made an error."""
+    import numpy
+
+    major, minor = (int(p) for p in numpy.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        return (f"the Triton interpreter (triton 3.6) needs NumPy < 2.4, found "
+                f"{numpy.__version__}; install 'numpy<2.4' to run kernels on the CPU")
+    return None
+
+
+_INTERPRETER_PROBLEM = interpreter_numpy_problem() if _INTERPRET_AT_IMPORT else None
+
+
 def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
@@ -42,6 +57,8 @@ def check_runnable(name: str, t: torch.Tensor) -> None:
         return
     if t.device.type == "cpu":
         if _INTERPRET_AT_IMPORT:
+            if _INTERPRETER_PROBLEM:
+                raise RuntimeError(f"{name}: got a CPU tensor, but {_INTERPRETER_PROBLEM}")
             return
         raise RuntimeError(
             f"{name}: got a CPU tensor, but the recipes were imported without the Triton "

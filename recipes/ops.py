@@ -136,10 +136,32 @@ def _(logits, rows=None, hidden=None, token_map=None, positions=None, draft_toke
     return tokens, probs, h
 
 
+@torch.library.custom_op(_LIB + "draft_tail_pure", mutates_args=())
+def _draft_tail_pure_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                        hidden: Optional[torch.Tensor] = None,
+                        token_map: Optional[torch.Tensor] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _draft_tail_op(logits, rows, hidden, token_map, None, None, 0)
+
+
+@_draft_tail_pure_op.register_fake
+def _(logits, rows=None, hidden=None, token_map=None):
+    B = logits.shape[0] if rows is None else rows.shape[0]
+    h = _empty(logits) if hidden is None else hidden.new_empty((B, hidden.shape[1]))
+    return (logits.new_empty((B,), dtype=torch.int64),
+            logits.new_empty((B,), dtype=torch.float32), h)
+
+
 def draft_tail(logits: torch.Tensor, *, rows=None, hidden=None, token_map=None,
                positions=None, draft_tokens=None, column: int = 0):
     """`recipes.draft_tail` as a custom op (writes `positions`/`draft_tokens` in place):
-    a `DraftTail`, whose `hidden` is None when `hidden` is None."""
+    a `DraftTail`, whose `hidden` is None when `hidden` is None. Without in-place
+    arguments it calls a variant that declares no mutation (torch 2.11's Dynamo failed
+    on mutated optional arguments passed as None: results/h200/logs/)."""
+    if positions is None and draft_tokens is None:
+        tokens, probs, h = torch.ops.spec_cookbook.draft_tail_pure(logits, rows, hidden,
+                                                                   token_map)
+        return _recipes().DraftTail(tokens, probs, None if hidden is None else h)
     tokens, probs, h = torch.ops.spec_cookbook.draft_tail(
         logits, rows, hidden, token_map, positions, draft_tokens, column)
     return _recipes().DraftTail(tokens, probs, None if hidden is None else h)

@@ -132,6 +132,7 @@ def test_draft_tail_op(device):
     assert_equal(plain.tokens, torch.argmax(logits, 1), "draft_tail tokens")
     opcheck(torch.ops.spec_cookbook.draft_tail.default,
             (logits, rows, hidden, token_map, positions.clone(), draft_tokens.clone(), 1))
+    opcheck(torch.ops.spec_cookbook.draft_tail_pure.default, (logits, rows, hidden, token_map))
 
 
 # --- relay ------------------------------------------------------------------------------
