@@ -67,14 +67,6 @@ def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def chunk_argmax(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr):
-    """`chunk_argmax_packed` as (float32 value, int32 index); -0.0 comes back as +0.0
-    (they tie) and every NaN as the same NaN."""
-    packed = chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK)
-    return unpack_value(packed), unpack_index(packed)
-
-
-@triton.jit
 def pack(value, index):
     """One int64 whose signed order is the argmax order of (value, index)."""
     bits = value.to(tl.int32, bitcast=True)
@@ -98,16 +90,11 @@ def unpack_value(packed):
 
 
 @triton.jit
-def publish(value, index, acc_slot_ptr, cnt_ptr):
-    """Stage 2 arrival: fold this chunk's candidate into its row slot and count in.
-    Returns the number of programs of the group that arrived before this one."""
-    return publish_packed(pack(value, index), acc_slot_ptr, cnt_ptr)
-
-
-@triton.jit
 def publish_packed(packed, acc_slot_ptr, cnt_ptr):
-    """`publish` for a packed candidate. The max needs no ordering of its own: the
-    counter's acq_rel add releases it, and the last arrival's acquire sees every max."""
+    """Stage 2 arrival: fold this chunk's packed candidate into its row slot and count in;
+    returns how many programs of the group arrived before this one. The max needs no
+    ordering of its own: the counter's acq_rel add releases it, and the last arrival's
+    acquire sees every max."""
     tl.atomic_max(acc_slot_ptr, packed, sem="relaxed")
     return tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
 

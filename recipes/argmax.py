@@ -6,7 +6,7 @@ with torch's rules: the largest value wins, ties go to the lowest index, NaN is 
 than every number (the first NaN wins), a row of all -inf gives 0, -0.0 ties +0.0.
 
 Each row is cut into `SPLIT` chunks of whole `BLOCK_V` tiles; one program scans one chunk
-(stage 1, `chunk_argmax`). With one chunk per row the program stores the answer itself.
+(stage 1, `chunk_argmax_packed`). With one chunk per row the program stores the answer.
 Otherwise the chunks meet in a per-row int64 slot through `atomic_max` of their packed
 (key, index), and the last program of the row to arrive (an atomic counter says which)
 reads the slot, stores the index and puts the slot and counter back to rest: both stages
