@@ -128,15 +128,19 @@ def build_header(tunable, device: torch.device, slug: str) -> dict:
 
 
 def write_json_atomic(path: Path, data) -> None:
-    """Write `data` as JSON to `path` so that readers see the old file or the new one,
-    never a torn one."""
+    """Write `data` as JSON to `path` atomically (`write_text_atomic`)."""
+    write_text_atomic(path, dumps(data) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the new one, never a
+    torn one: a temporary file in the same folder, fsync, rename, fsync of the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(dumps(data))
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -154,24 +158,6 @@ def write_json_atomic(path: Path, data) -> None:
             os.close(dfd)
     except OSError:
         pass
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def dumps(data) -> str:

@@ -94,7 +94,7 @@ def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None,
 def check_out(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
     """An `out=` buffer: exact shape and dtype, same device, contiguous."""
     check_tensor(name, t, dtypes=(dtype,), device=device)
-    if t.shape != shape and tuple(t.shape) != tuple(shape):
+    if t.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
@@ -171,6 +171,17 @@ def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict
     dict). Resolved once per (recipe, device, key): later calls with the same key cost a
     dict lookup (`autotune.dispatch.resolve`; `dispatch.clear_cache()` forgets)."""
     return dict(_resolve(recipe, key, heuristic, device))
+
+
+def resolve_config(recipe: str, config, key: dict, heuristic, space: dict,
+                   device: torch.device) -> dict:
+    """The config a call runs: `config=None` -> the tuned table / heuristic
+    (`pick_config`); an explicit dict -> checked against the space's keys and laid over
+    the heuristic's config (so a partial dict is enough)."""
+    if config is None:
+        return pick_config(recipe, key, heuristic, device)
+    check_config(recipe, config, space)
+    return {**heuristic(key, device), **config}
 
 
 def check_config(recipe: str, config: dict, space: dict) -> None:

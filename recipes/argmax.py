@@ -92,10 +92,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
 
 def resolve_config(config, dtype, V, R, device) -> dict:
     key = tune_key(dtype, V, R, device)
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    return {**heuristic(key, device), **config}
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,

@@ -322,10 +322,7 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
 
 
 def resolve_config(config, key, device) -> dict:
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    return {**heuristic(key, device), **config}
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,

@@ -103,10 +103,7 @@ def tune_key(n_pairs: int, pair_bytes: int, device: torch.device | None = None) 
 
 
 def resolve_config(config, key, device) -> dict:
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    return {**heuristic(key, device), **config}
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 # --- launcher --------------------------------------------------------------------------

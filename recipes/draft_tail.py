@@ -56,6 +56,7 @@ from ._argmax_core import (
     SPLIT_SPACE,
     chunk_argmax_packed,
     publish_packed,
+    split_constraint,
     split_heuristic,
     split_plan,
     unpack_index,
@@ -218,9 +219,7 @@ def constraint(config: dict, key: dict) -> bool:
     tile beyond the row's next power of two (one BLOCK_H when H = 0: it is unused)."""
     threads = 32 * config["num_warps"]
     bv, unroll = config["BLOCK_V"], config["UNROLL"]
-    if not (4 * threads <= bv and bv * unroll <= 64 * threads):
-        return False
-    if config["SPLIT"] > C.next_pow2(C.cdiv(key["V"], bv)):
+    if not split_constraint(config, key["V"]) or bv * unroll > 64 * threads:
         return False
     if unroll > 1 and split_plan(key["V"], bv, config["SPLIT"])[1] < 2:
         return False
@@ -252,10 +251,7 @@ def tune_key(dtype: torch.dtype, V: int, B: int, H: int) -> dict:
 
 
 def resolve_config(config, key: dict, device: torch.device) -> dict:
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    return {**heuristic(key, device), **config}
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 # --- launcher --------------------------------------------------------------------------

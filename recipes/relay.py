@@ -266,8 +266,7 @@ def tune_key(mode: str, B: int, width: int, nfields: int) -> dict:
 def resolve_config(config, key: dict, device: torch.device) -> dict:
     if config is None:
         return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    cfg = {**heuristic(key, device), **config}
+    cfg = C.resolve_config(NAME, config, key, heuristic, SPACE, device)
     for p in ("BLOCK", "ROWS", "num_warps"):
         v = cfg[p]
         if not isinstance(v, int) or v < 1 or v & (v - 1):

@@ -383,10 +383,7 @@ def tune_key(layout: str, page_size: int, B: int, max_pages: int,
 
 
 def resolve_config(config, key, device) -> dict:
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    C.check_config(NAME, config, SPACE)
-    return {**heuristic(key, device), **config}
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 # --- launcher --------------------------------------------------------------------------

@@ -68,3 +68,22 @@ def capture(fn):
     _, empty = captured(lambda: None)
     graph, used = captured(fn)
     return graph, used - empty
+
+
+def drafts_around(t, V, seed, dtype=torch.int64, device=None):
+    """Drafts [B, K] for target tokens t [B, K+1] (CPU) that accept a random prefix; the
+    first miss cycles through a wrong in-vocab id, -1 padding to the end (a request that
+    drafted fewer), V and V + 7 (outside the vocabulary)."""
+    B, K = t.shape[0], t.shape[1] - 1
+    g = torch.Generator().manual_seed(seed)
+    d = t[:, :K].clone()
+    for b in range(B):
+        if K == 0:
+            break
+        cut = int(torch.randint(0, K + 1, (1,), generator=g))
+        if cut < K:
+            kind = b % 4
+            d[b, cut] = [(d[b, cut] + 1) % V, -1, V, V + 7][kind]
+            if kind == 1:
+                d[b, cut:] = -1
+    return d.to(dtype).to(device)

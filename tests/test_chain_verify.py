@@ -3,7 +3,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
+from helpers import ON_GPU, assert_equal, drafts_around, hard_logits, sample_configs
 
 import recipes
 
@@ -12,21 +12,9 @@ SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL":
 
 
 def drafts_for(logits, B, K, seed, dtype=torch.int64, V=None):
-    """Drafts that accept a random prefix, with -1 padding and out-of-vocab ids mixed in."""
-    V = V or logits.shape[-1]
-    g = torch.Generator().manual_seed(seed)
+    """Drafts around each row's argmax (`helpers.drafts_around`)."""
     t = torch.argmax(logits.reshape(B, K + 1, -1).cpu(), dim=-1)
-    d = t[:, :K].clone()
-    for b in range(B):
-        if K == 0:
-            break
-        cut = int(torch.randint(0, K + 1, (1,), generator=g))
-        if cut < K:
-            kind = b % 4
-            d[b, cut] = [(d[b, cut] + 1) % V, -1, V, V + 7][kind]
-            if kind == 1:
-                d[b, cut:] = -1                      # a request that drafted fewer
-    return d.to(dtype).to(logits.device)
+    return drafts_around(t, V or logits.shape[-1], seed, dtype, logits.device)
 
 
 def check(logits, draft, cfgs=(None,), **kw):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from helpers import ON_GPU, assert_equal, sample_configs
+from helpers import ON_GPU, assert_equal, drafts_around, sample_configs
 
 import recipes
 
@@ -95,21 +95,9 @@ def run_checked(logits, draft, temperature, seeds, positions, cfgs=(None,)):
 
 
 def drafts_from(logits, B, K, temperature, seeds, positions, seed, dtype=torch.int64):
-    """Drafts that accept a random prefix of the reference's targets, with -1 padding and
-    out-of-vocabulary ids mixed in."""
-    V = logits.shape[-1]
-    g = torch.Generator().manual_seed(seed)
+    """Drafts around the reference's (sampled) targets (`helpers.drafts_around`)."""
     t = CV.target_tokens(logits.cpu(), B, K, temperature.cpu(), seeds.cpu(), positions.cpu())
-    d = t[:, :K].clone()
-    for b in range(B):
-        if K == 0:
-            break
-        cut = int(torch.randint(0, K + 1, (1,), generator=g))
-        if cut < K:
-            d[b, cut] = [(d[b, cut] + 1) % V, -1, V, (d[b, cut] + 3) % V][b % 4]
-            if b % 4 == 1:
-                d[b, cut:] = -1
-    return d.to(dtype).to(logits.device)
+    return drafts_around(t, logits.shape[-1], seed, dtype, logits.device)
 
 
 TEMPS = [0.7, 0.0, 1.0, float("nan"), 2.5, -1.0, 1e-3, 50.0, float("inf"), 1e-32, 0.31, 1.0]
