@@ -8,7 +8,11 @@ the end (the two medians give the noise), and, when this GPU has a tuned table w
 config for the case differs from the heuristic's, time "ours" once more with the
 heuristic config (`dispatch.heuristic_only`). A large device-to-device copy measured once
 per run is the bandwidth ceiling: fraction of copy bandwidth = bytes / time / ceiling,
-and the plots' floor line is bytes / ceiling.
+and the plots' floor line is bytes / ceiling. That ceiling is asymptotic: a copy of a few
+megabytes also pays a launch and the memory system's ramp, and reaches half of it on an
+H200. So the run also measures a copy kernel's time at every power-of-two size from
+16 KiB to 1 GiB a side (`copy_curve`), and each case is compared with a copy of its own
+byte count ("same-size copy": that copy's time over ours, interpolated log-log).
 
 Writes, under `--out` (default `results/<gpu-slug>/`):
     BENCH.md           the page: run header, headline table, per-suite tables and plots
@@ -54,6 +58,7 @@ HEADLINE_END = "<!-- bench:headline:end -->"
 REPEAT = "ours (repeat)"
 HEURISTIC = "ours (heuristic config)"
 COPY_BYTES = 1 << 30          # the copy-bandwidth probe: 1 GiB read + 1 GiB written
+CURVE_SIDES = tuple(1 << k for k in range(14, 31))   # the copy curve: 16 KiB .. 1 GiB a side
 HOST_COPY_BYTES = 1 << 24     # (the CPU functional check's stand-in)
 RESERVE_S = 20.0              # kept back from --max-seconds for writing the reports
 
@@ -153,6 +158,8 @@ def main(argv=None) -> int:
         header["copy_bytes"] = COPY_BYTES if cuda else HOST_COPY_BYTES
         print(f"bench: copy bandwidth {header['copy_bandwidth_Bps'] / 1e12:.3f} TB/s "
               f"({'device' if cuda else 'host'} copy of {header['copy_bytes'] >> 20} MiB)")
+        if cuda:
+            header["copy_curve"] = copy_curve(device)
         results = run_suites(suites, preset, device, header, args, started)
         header["seconds"] = round(time.perf_counter() - started, 1)
         if out is not None:
@@ -226,6 +233,48 @@ def copy_bandwidth(device) -> float:
     del src, dst
     torch.cuda.empty_cache()
     return 2 * COPY_BYTES / (t.q(0.5) * 1e-6)
+
+
+def copy_curve(device) -> list:
+    """[[bytes moved (read + written), median us], ...] of a copy kernel (`torch.neg`, as
+    `copy_bandwidth`) in CUDA graphs, one point per size of CURVE_SIDES, inputs rotated
+    past twice the L2 as the cases' are."""
+    import torch
+
+    from autotune.timing import rotation, time_graph
+
+    pts = []
+    for side in CURVE_SIDES:
+        n = side // 4
+        sets = [(torch.empty(n, dtype=torch.float32, device=device),
+                 torch.empty(n, dtype=torch.float32, device=device))
+                for _ in range(rotation(2 * side, device))]
+        for a, _ in sets:
+            a.uniform_()
+        t = time_graph(lambda s: torch.neg(s[0], out=s[1]), sets, reps=20, device=device)
+        pts.append([2 * side, round(t.p50, 4)])
+        del sets
+    torch.cuda.empty_cache()
+    return pts
+
+
+def copy_time_at(curve, nbytes: float):
+    """A copy's time (us) for `nbytes` moved, interpolated log-log on the curve; beyond
+    its ends, the end point's time (below) or bandwidth (above). None without a curve."""
+    if not curve or not nbytes or nbytes <= 0:
+        return None
+    pts = sorted((float(b), float(t)) for b, t in curve if b > 0 and t > 0)
+    if not pts:
+        return None
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1] * nbytes / pts[-1][0]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if b0 <= nbytes <= b1:
+            f = math.log(nbytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(t0) + f * math.log(t1 / t0))
+    return None
 
 
 def _timing_dict(t) -> dict:
@@ -695,9 +744,9 @@ def _peers(res: dict) -> tuple[str | None, str | None, list[str]]:
     return eager, graph, others
 
 
-def suite_rows(res: dict, copy_bw: float | None) -> tuple[list[str], list[list]]:
+def suite_rows(res: dict, copy_bw: float | None, curve=None) -> tuple[list[str], list[list]]:
     """The suite table: label fields, ours, noise, every other variant, speedups over each
-    peer, fraction of copy bandwidth, tuned vs heuristic."""
+    peer, fraction of copy bandwidth, against a same-size copy, tuned vs heuristic."""
     fields = []
     for e in res["cases"]:
         for f in e["label"]:
@@ -707,7 +756,8 @@ def suite_rows(res: dict, copy_bw: float | None) -> tuple[list[str], list[list]]
     variants = [v for v in (eager, graph) if v] + others
     peers = [v["name"] for v in res["variants"] if v["peer"]]
     head = fields + ["ours us", "noise"] + [f"{v} us" for v in variants] \
-        + [f"x vs {p}" for p in peers] + ["copy-BW", "tuned vs heuristic"]
+        + [f"x vs {p}" for p in peers] + ["copy-BW"] + (["same-size copy"] if curve else []) \
+        + ["tuned vs heuristic"]
     rows = []
     for e in res["cases"]:
         o = ours_time(e)
@@ -718,9 +768,17 @@ def suite_rows(res: dict, copy_bw: float | None) -> tuple[list[str], list[list]]
         row += [_x(_p50(e, p) / o) if o and _p50(e, p) else "" for p in peers]
         bw = e["bytes"] / (o * 1e-6) / copy_bw if o and copy_bw else None
         row.append(_pct(bw))
+        if curve:
+            row.append(_pct(_vs_copy(e, curve)))
         row.append(_tuned_cell(e, o))
         rows.append(row)
     return head, rows
+
+
+def _vs_copy(e: dict, curve):
+    """A same-size copy's time over ours (1.0: as fast as copying the case's bytes)."""
+    o, c = ours_time(e), copy_time_at(curve, e["bytes"])
+    return c / o if o and c else None
 
 
 def _cell_err(e: dict, name: str) -> str:
@@ -756,10 +814,10 @@ def _geo(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def headline_rows(results: list[dict], copy_bw: float | None):
+def headline_rows(results: list[dict], copy_bw: float | None, curve=None):
     head = ["recipe", "cases", "ours us (min-max)", "x vs torch eager: geomean (min-max)",
-            "x vs torch graph: geomean (min-max)", "copy-BW: median (max)",
-            "tuned vs heuristic"]
+            "x vs torch graph: geomean (min-max)", "copy-BW: median (max)"] \
+        + (["same-size copy: median (max)"] if curve else []) + ["tuned vs heuristic"]
     rows = []
     for res in results:
         eager, graph, _ = _peers(res)
@@ -772,6 +830,9 @@ def headline_rows(results: list[dict], copy_bw: float | None):
         bws = [e["bytes"] / (ours_time(e) * 1e-6) / copy_bw for e in res["cases"]
                if ours_time(e) and copy_bw]
         cells.append(f"{_pct(statistics.median(bws))} ({_pct(max(bws))})" if bws else "")
+        if curve:
+            vc = [v for v in (_vs_copy(e, curve) for e in res["cases"]) if v]
+            cells.append(f"{_pct(statistics.median(vc))} ({_pct(max(vc))})" if vc else "")
         gains = [_p50(e, HEURISTIC) / ours_time(e) for e in res["cases"]
                  if e.get("tuned") == "differs" and _p50(e, HEURISTIC) and ours_time(e)]
         tuned = sum(1 for e in res["cases"] if e.get("tuned") in ("same", "differs"))
@@ -814,6 +875,10 @@ def _header_md(h: dict) -> str:
         f"{'device' if h.get('device_type') == 'cuda' else 'host'} copy "
         "(bytes read + written / time)" if bw else
         "- copy bandwidth: not measured",
+        f"- copy curve (the same-size copy column): {len(h['copy_curve'])} sizes, "
+        f"{h['copy_curve'][0][1]:.2f} us for {h['copy_curve'][0][0] >> 10} KiB moved to "
+        f"{h['copy_curve'][-1][1]:.0f} us for {h['copy_curve'][-1][0] >> 30} GiB"
+        if h.get("copy_curve") else "- copy curve: not measured",
         f"- command: `{h.get('command')}`",
     ]
     return "\n".join(lines)
@@ -827,6 +892,9 @@ is plain back-to-back calls timed with CUDA events (launch gaps included). "ours
 timed twice (first and last); the table shows the lower median and the difference
 between the two as noise. "x vs P" is P's time over ours (above 1: ours is faster).
 "copy-BW" is the case's fewest bytes moved / our time / the copy bandwidth above.
+"same-size copy" is the time a copy kernel takes to move the case's bytes (the copy
+curve, measured in this run from 16 KiB to 1 GiB a side) over ours: small moves cannot
+reach the asymptotic bandwidth (launch and ramp), so this is the fair yardstick there.
 "tuned vs heuristic": the heuristic config's time over the tuned config's, for the cases
 where this GPU's tuned table picks a different config ("same config": it picks the
 heuristic's; empty: no tuned table)."""
@@ -840,12 +908,13 @@ def render(out: Path) -> None:
     if order:
         results.sort(key=lambda r: order.index(r["suite"]) if r["suite"] in order else 99)
     copy_bw = header.get("copy_bandwidth_Bps")
+    curve = header.get("copy_curve")
     parts = [f"# spec-cookbook benchmarks: {header.get('gpu', out.name)}", "",
              _header_md(header), "", METHOD, ""]
     if results:
-        parts += ["## Headline", "", _table(*headline_rows(results, copy_bw)), ""]
+        parts += ["## Headline", "", _table(*headline_rows(results, copy_bw, curve)), ""]
     for res in results:
-        head, rows = suite_rows(res, copy_bw)
+        head, rows = suite_rows(res, copy_bw, curve)
         md = [f"## {res['title']}", ""]
         if res.get("notes"):
             md += [res["notes"], ""]
@@ -853,7 +922,7 @@ def render(out: Path) -> None:
             md += ["*Stopped by the time cap: some cases were not run.*", ""]
         png = out / f"bench-{res['suite']}.png"
         try:
-            if plot_suite(res, copy_bw, png):
+            if plot_suite(res, copy_bw, png, curve):
                 md += [f"![{res['suite']}](bench-{res['suite']}.png)", ""]
         except ImportError as exc:
             md += [f"*(no plot: {_err(exc)}; re-render with matplotlib installed)*", ""]
@@ -939,7 +1008,7 @@ _PEER_STYLES = [dict(color="#1f77b4", ls="--", marker="s", ms=3),
                 dict(color="#8c564b", ls="--", marker="d", ms=3)]
 
 
-def plot_suite(res: dict, copy_bw: float | None, path: Path) -> bool:
+def plot_suite(res: dict, copy_bw: float | None, path: Path, curve=None) -> bool:
     """Write the suite's PNG; False when there is nothing to plot."""
     cases = [e for e in res["cases"] if e["timings"]]
     if not cases:
@@ -981,6 +1050,10 @@ def plot_suite(res: dict, copy_bw: float | None, path: Path) -> bool:
             fl = [(e["label"][x], e["bytes"] / copy_bw * 1e6) for e in pts]
             ax.plot(*zip(*fl, strict=False), color="0.45", ls=(0, (1, 1)), lw=1.2,
                     label="bandwidth floor")
+        if curve:
+            cp = [(e["label"][x], copy_time_at(curve, e["bytes"])) for e in pts]
+            ax.plot(*zip(*cp, strict=False), color="0.3", ls="--", lw=1.0,
+                    label="copy of the same bytes")
         if xs and all(_num(v) and v > 0 for v in xs):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(xs)))
@@ -1027,7 +1100,7 @@ def update_readme(readme: Path, out: Path, plot_suite_name: str | None = None) -
              f"{header.get('triton')}, {header.get('date')}"
              + (f"; copy bandwidth {bw / 1e12:.2f} TB/s" if bw else "")
              + f". Full tables: [{rel}/BENCH.md]({rel}/BENCH.md).", "",
-             _table(*headline_rows(results, bw)), "",
+             _table(*headline_rows(results, bw, header.get("copy_curve"))), "",
              f"![{pick}]({rel}/bench-{pick}.png)", "", HEADLINE_END]
     readme.write_text(text[:a] + "\n".join(block) + text[b + len(HEADLINE_END):])
     return True

@@ -119,6 +119,12 @@ def _draft_tail_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None,
                    draft_tokens: Optional[torch.Tensor] = None, column: int = 0
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, column)
+
+
+def _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, column):
+    """The body of both draft_tail ops (one op must not call the other: torch 2.11's
+    in-place bookkeeping of the mutating op fails when it is entered from another op)."""
     r = _recipes().draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
                               positions=positions, draft_tokens=draft_tokens, column=column)
     h = r.hidden if r.hidden is not None else _empty(logits)
@@ -141,7 +147,7 @@ def _draft_tail_pure_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = Non
                         hidden: Optional[torch.Tensor] = None,
                         token_map: Optional[torch.Tensor] = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _draft_tail_op(logits, rows, hidden, token_map, None, None, 0)
+    return _draft_tail_impl(logits, rows, hidden, token_map, None, None, 0)
 
 
 @_draft_tail_pure_op.register_fake

@@ -58,6 +58,28 @@ def write_fake(out):
     bench.write_json(out / "bench-other.json", other)
 
 
+def test_copy_curve_interpolation_and_same_size_column(tmp_path):
+    curve = [[1 << 15, 1.0], [1 << 16, 2.0], [1 << 17, 8.0]]
+    assert bench.copy_time_at(curve, 1 << 10) == 1.0             # below: the first time
+    assert bench.copy_time_at(curve, 1 << 16) == pytest.approx(2.0)
+    assert bench.copy_time_at(curve, 3 << 15) == pytest.approx(2.0 * 4 ** math.log2(1.5))
+    assert bench.copy_time_at(curve, 1 << 18) == pytest.approx(16.0)   # above: bandwidth
+    assert bench.copy_time_at(None, 1 << 16) is None and bench.copy_time_at(curve, 0) is None
+    res = fake_suite()
+    e = res["cases"][0]
+    curve = [[e["bytes"] // 2, 1.0], [e["bytes"] * 2, 4.0]]   # a copy of e's bytes: 2 us
+    head, rows = bench.suite_rows(res, HEADER["copy_bandwidth_Bps"], curve)
+    cell = dict(zip(head, rows[0], strict=False))["same-size copy"]
+    assert cell == f"{100 * 2.0 / bench.ours_time(e):.0f}%"
+    assert "same-size copy" not in bench.suite_rows(res, 4.2e12)[0]
+    out = tmp_path / "r"
+    write_fake(out)
+    bench.write_json(out / "BENCH.json", {**HEADER, "copy_curve": curve})
+    bench.render(out)
+    md = (out / "BENCH.md").read_text()
+    assert "same-size copy: median (max)" in md and "copy curve (the same-size" in md
+
+
 def test_plot_spec_picks_x_panels_and_fixed():
     labels = [{"dtype": d, "B": b, "K": k, "V": v} for d in ("bf16", "f32")
               for v in (1, 2, 3) for k in (1, 3) for b in (1, 2, 4)]

@@ -5,11 +5,12 @@ inputs rotated past twice the L2, each variant timed twice).
    kernel (16-byte vectors, 8 KB a program) and torch's `neg` (a read + write kernel),
    from 64 KB to 1 GiB a side. The asymptotic ceiling (4.24 TB/s) is not reachable by a
    7 MB move that also pays a launch: this gives each size its own ceiling.
-2. Does software pipelining help the shared argmax scan? The current
-   `chunk_argmax_packed` issues a step's loads, waits, folds, then issues the next
-   step's loads, so the memory pipe drains once per step. The variant PIPE=1 loads step
-   t+1 before folding step t (register double buffering), same lanes, same fold order
-   (so the same answer). Scan only: every program stores its packed chunk result.
+2. Does software pipelining help the shared argmax scan? The first scan (PIPE=0, kept
+   here as `_chunk_plain`) issues a step's loads, waits, folds, then issues the next
+   step's loads, so the memory pipe drains once per step. PIPE=1 (the recipes'
+   `chunk_argmax_packed` since this probe) loads step t+1 before folding step t
+   (register double buffering), same lanes, same fold order (so the same answer).
+   Scan only: every program stores its packed chunk result.
 
 Usage: python tools/probe_bw.py OUTFILE
 """
@@ -31,31 +32,24 @@ def _copy(src, dst, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _chunk_pipe(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """chunk_argmax_packed with the next step's loads issued before this step's fold."""
+def _chunk_plain(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """The scan before pipelining (PIPE=0): a step's loads, a wait, the fold, the next
+    step's loads. The recipes' `chunk_argmax_packed` is the pipelined one (PIPE=1)."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_tile = tl.zeros([BLOCK], tl.int32)
-    o0 = lo + lanes
-    x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"))
-    if UNROLL == 1:
-        for t in range(0, n_tiles):
-            on = lo + (t + 1) * BLOCK + lanes
-            xn = tl.load(row_ptr + on, mask=on < hi, other=float("-inf"))
-            best, best_tile = lane_update(x0.to(tl.float32), t, best, best_tile)
-            x0 = xn
-    else:
-        o1 = o0 + BLOCK
-        x1 = tl.load(row_ptr + o1, mask=o1 < hi, other=float("-inf"))
-        for t in range(0, n_tiles, 2):
-            n0 = lo + (t + 2) * BLOCK + lanes
-            n1 = n0 + BLOCK
-            y0 = tl.load(row_ptr + n0, mask=n0 < hi, other=float("-inf"))
-            y1 = tl.load(row_ptr + n1, mask=n1 < hi, other=float("-inf"))
-            best, best_tile = lane_update(x0.to(tl.float32), t, best, best_tile)
-            best, best_tile = lane_update(x1.to(tl.float32), t + 1, best, best_tile)
-            x0 = y0
-            x1 = y1
+    for t0 in range(0, n_tiles, UNROLL):
+        if UNROLL == 1:
+            offs = lo + t0 * BLOCK + lanes
+            x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+            best, best_tile = lane_update(x, t0, best, best_tile)
+        else:
+            offs0 = lo + t0 * BLOCK + lanes
+            offs1 = offs0 + BLOCK
+            x0 = tl.load(row_ptr + offs0, mask=offs0 < hi, other=float("-inf"))
+            x1 = tl.load(row_ptr + offs1, mask=offs1 < hi, other=float("-inf"))
+            best, best_tile = lane_update(x0.to(tl.float32), t0, best, best_tile)
+            best, best_tile = lane_update(x1.to(tl.float32), t0 + 1, best, best_tile)
     return tl.max(pack(best, lo + best_tile * BLOCK + lanes), 0)
 
 
@@ -68,9 +62,9 @@ def _scan(x_ptr, part_ptr, V, stride, n_split, tiles_per, BLOCK_V: tl.constexpr,
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
     ptr = x_ptr + row.to(tl.int64) * stride
     if PIPE:
-        packed = _chunk_pipe(ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
-    else:
         packed = chunk_argmax_packed(ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    else:
+        packed = _chunk_plain(ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
     tl.store(part_ptr + pid, packed)
 
 
