@@ -15,7 +15,7 @@ else
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install test test-gpu tune tune-smoke quality bench lint clean
+.PHONY: install test test-gpu tune tune-smoke quality bench targets lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY_SYS) -m venv $(VENV)
@@ -55,6 +55,11 @@ quality: $(SETUP)
 BENCH_ARGS ?=
 bench: $(SETUP)
 	$(PY) -m autotune bench $(BENCH_ARGS)
+
+# The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
+RESULTS ?= results/h200
+targets: $(SETUP)
+	$(PY) tools/targets.py $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md
 
 lint: $(SETUP)
 	$(PY) -m ruff check recipes autotune tests

@@ -1,12 +1,17 @@
 """Read the committed benchmark JSON of a GPU and print the issues' speed targets
 against the measured times, as a markdown table.
 
-Usage: python tools/targets.py results/h200 [copy_TBps]
+Usage: python tools/targets.py results/h200 [copy_TBps]   (or `make targets`)
 copy_TBps: the copy-bandwidth ceiling for the bandwidth fractions (default: the one the
-bench run measured and wrote into BENCH.json)."""
+bench run measured and wrote into BENCH.json). Where the run measured a copy curve, each
+bandwidth row also gives the time of a copy of the same bytes over ours ("same-size
+copy": a plain copy of a few megabytes reaches half the asymptotic ceiling)."""
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autotune.bench import copy_time_at  # noqa: E402
 
 root = Path(sys.argv[1])
 ceiling = float(sys.argv[2]) * 1e12 if len(sys.argv) > 2 else None
@@ -25,10 +30,19 @@ def pick(suite, **label):
     return [c for c in cases(suite) if all(c["label"].get(k) == v for k, v in label.items())]
 
 
+BENCH = json.loads((root / "BENCH.json").read_text())
+
+
 def bw(c):
-    bench = json.loads((root / "BENCH.json").read_text())
-    cb = ceiling or bench["copy_bandwidth_Bps"]
+    cb = ceiling or BENCH["copy_bandwidth_Bps"]
     return c["bytes"] / (ours(c) * 1e-6) / cb
+
+
+def bw_text(c):
+    """'T us, X%' of the ceiling, and of a same-size copy where the run has the curve."""
+    text = f"{ours(c):.1f} us, {100 * bw(c):.0f}%"
+    t = copy_time_at(BENCH.get("copy_curve"), c["bytes"])
+    return text + (f"; same-size copy {t:.1f} us: {100 * t / ours(c):.0f}%" if t else "")
 
 
 rows = []
@@ -38,7 +52,7 @@ for c in pick("chain_verify", K=4):
     if c["label"]["B"] >= 64:
         lab = c["label"]
         rows.append((f"chain_verify greedy B={lab['B']} K=4 V={lab['V']} {lab['dtype']}",
-                     ">= 90% copy BW", f"{ours(c):.1f} us, {100 * bw(c):.0f}%"))
+                     ">= 90% copy BW", bw_text(c)))
 slow = [c for c in cases("chain_verify")
         if "torch graph" in c["timings"] and ours(c) > c["timings"]["torch graph"]["p50"]]
 rows.append(("chain_verify greedy: shapes slower than torch graph", "none",
@@ -60,25 +74,28 @@ for c in pick("draft_tail", B=1, V=32000, H=4096):
     rows.append(("draft_tail B=1 Vd=32000 H=4096", "<= 2.0 us", f"{ours(c):.2f} us"))
 for c in pick("draft_tail", B=256, V=151936):
     rows.append((f"draft_tail B=256 Vd=151936 H={c['label']['H']}", ">= 85% copy BW",
-                 f"{ours(c):.1f} us, {100 * bw(c):.0f}%"))
+                 bw_text(c)))
 for c in cases("relay"):
     lab = c["label"]
     if lab.get("B") == 1 and lab.get("H") == 7168:
         rows.append((f"relay {lab.get('mode')} B=1 H=7168", "<= 1.5 us", f"{ours(c):.2f} us"))
     if lab.get("B") == 256:
         rows.append((f"relay {lab.get('mode')} B=256 H={lab.get('H')}", ">= 70% copy BW",
-                     f"{ours(c):.2f} us, {100 * bw(c):.0f}%"))
+                     bw_text(c)))
 for c in cases("verify_metadata"):
     lab = c["label"]
     if lab.get("B") == 1 and lab.get("context") == 163840 and lab.get("page_size") == 64:
         rows.append(("verify_metadata B=1 160K page 64", "<= 3.0 us", f"{ours(c):.2f} us"))
 for c in cases("copy_inputs"):
     rows.append((f"copy_inputs {c['label']}", "<= 1.5 us (8 x <= 4 KB)", f"{ours(c):.2f} us"))
-bench = json.loads((root / "BENCH.json").read_text())
-cb = (ceiling or bench["copy_bandwidth_Bps"]) / 1e12
-print(f"Targets of the issues against `{root}/bench-*.json` ({bench['gpu']}, torch "
-      f"{bench['torch']}, triton {bench['triton']}, {bench['date']}); bandwidth fractions "
-      f"against a copy ceiling of {cb:.3f} TB/s.\n")
+cb = (ceiling or BENCH["copy_bandwidth_Bps"]) / 1e12
+print(f"# Speed targets: {BENCH['gpu']}\n\nMade by `make targets` "
+      f"(`python tools/targets.py {' '.join(sys.argv[1:])}`).\n")
+print(f"Targets of the issues against `{root}/bench-*.json` ({BENCH['gpu']}, torch "
+      f"{BENCH['torch']}, triton {BENCH['triton']}, {BENCH['date']}); bandwidth fractions "
+      f"against a copy ceiling of {cb:.3f} TB/s"
+      + (", and against a copy of the same bytes (the run's copy curve)"
+         if BENCH.get("copy_curve") else "") + ".\n")
 print("| what | target | measured |\n|---|---|---|")
 for r in rows:
     print(f"| {r[0]} | {r[1]} | {r[2]} |")
