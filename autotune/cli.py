@@ -20,7 +20,7 @@ def _csv(values) -> list[str]:
     return out
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--recipe", action="append", metavar="NAME",
                    help="recipe(s) to work on (repeat or comma-separate; default: all "
                         "registered)")
@@ -37,9 +37,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--frac", type=float, default=0.3,
                    help="trials of a sampled key, as a fraction of its grid (default 0.3)")
-    p.add_argument("--budget-s", type=float, metavar="S",
-                   help="time budget of the whole run in seconds, shared out over the "
-                        "keys (tune default: 400 on a GPU, 600 on CPU; 0: none)")
+    p.add_argument("--budget-s", type=float, metavar="S", help=budget_help)
     p.add_argument("--precompile-threads", type=int, metavar="N",
                    help="threads compiling configs ahead on a GPU host (default: up to 16; "
                         "0: off)")
@@ -99,7 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tune", help="tune the recipes on this GPU (or a CPU smoke tune)")
-    _add_common(t)
+    _add_common(t, "time budget of the whole run in seconds (default 360 on a GPU, chosen "
+                   "so that the default key set ends well inside 8 minutes on one H200, "
+                   "start-up included; 600 on CPU; 0: none). Each key's fixed cost (inputs, "
+                   "compiling, final re-timing; measured as the run goes) is set aside, the "
+                   "rest is shared out over the keys' searches in proportion to their "
+                   "trial counts; a key always gets at least one trial")
     _add_keys(t)
     t.add_argument("--trials", type=int, metavar="N",
                    help="configs evaluated per sampled key (default: --frac of the grid; "
@@ -131,12 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--out", metavar="FILE", help="default results/<gpu>/tuning.md")
 
     q = sub.add_parser("quality", help="exhaustive optimum vs the tuner's search")
-    _add_common(q)
-    q.add_argument("--keys", type=int, default=12, help="number of keys (default 12)")
+    _add_common(q, "time budget in seconds, from the choice of keys on: measuring and "
+                   "replays (default 300 on a GPU, none on CPU; 0: none). A key's grid is "
+                   "started only if it and its replays are expected to fit the time left, "
+                   "and is then measured to the end unless the budget runs out; keys not "
+                   "measured completely are listed apart and left out of the verdict")
+    q.add_argument("--keys", type=int, default=12,
+                   help="keys to choose, in turn from each recipe (default 12; the verdict "
+                        "needs at least 10 complete ones)")
     q.add_argument("--seeds", type=int, default=5, help="replays per key (default 5)")
     q.add_argument("--within", type=float, default=0.03, help="goal (default 0.03 = 3%%)")
-    q.add_argument("--min-grid", type=int, default=64)
-    q.add_argument("--max-grid", type=int, default=600)
+    q.add_argument("--min-grid", type=int, default=30,
+                   help="smallest grid (configs the constraint admits) of a chosen key "
+                        "(default 30)")
+    q.add_argument("--max-grid", type=int, default=120,
+                   help="largest grid of a chosen key (default 120: small grids, so that "
+                        "many complete ones fit the budget)")
     q.add_argument("--no-measure", action="store_true",
                    help="only replay over what the store already measured")
     q.add_argument("--out", metavar="FILE",

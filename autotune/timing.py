@@ -3,8 +3,10 @@
 `time_graph(call, states)` captures a graph that runs `call(state)` once for each state
 in `states` (rotating inputs, so data that fits in L2 is not re-read from cache), warms
 the GPU up, replays it `reps` times with CUDA events around each replay, and returns the
-per-call samples in microseconds. `time_eager` times plain calls the same way, for
-torch eager and Python-overhead measurements. `rotation(nbytes)` says how many input
+per-call samples in microseconds. The replays are queued behind a GPU sleep so that a
+stalled host cannot show up in them (see `time_graph`). `time_eager` times plain calls
+the same way (no guard: it measures the host's launch cost on purpose), for torch eager
+and Python-overhead measurements. `rotation(nbytes)` says how many input
 sets make one pass larger than twice the L2. `time_wall` is the stand-in under the Triton
 interpreter (no GPU: no graphs, no events): host wall-clock time, for smoke tests only.
 """
@@ -20,6 +22,10 @@ import torch
 @dataclass
 class Timing:
     samples: list   # microseconds per call, one per replay
+    # time_graph: True when every replay was queued before the GPU reached it (no host
+    # stall can be in the samples), False when the last attempt still could not show
+    # that; None where it does not apply (eager, wall clock, merged samples)
+    guarded: bool | None = None
 
     def q(self, f: float) -> float:
         s = sorted(self.samples)
@@ -60,6 +66,48 @@ def _warm(device) -> None:
     torch.cuda.synchronize(device)
 
 
+# The sleep that time_graph queues ahead of its replays is sized from the last one:
+# twice the host's time per replay last seen, at the GPU clock rate last measured.
+_GUARD = {"cycles_per_us": 1500.0,   # first guess (a ~1.5-2 GHz clock)
+          "host_us_per_rep": 20.0}   # first guess: a 1 ms sleep for GUARD_CHUNK replays
+# replays queued behind one sleep: keeps the launch queue short, and the sleep too when
+# the host is slowed down (each GIL hand-over can cost a 5 ms switch interval, and
+# torch lets the GIL go in each event record and graph replay: three per replay)
+GUARD_CHUNK = 25
+GUARD_ATTEMPTS = 3         # sleeps tried per chunk, each 2x the host time last seen
+GUARD_MIN_US, GUARD_MAX_US = 1000.0, 2_000_000.0
+
+
+def _guarded_replays(graph, reps: int, device) -> tuple[list, bool]:
+    """Milliseconds of `reps` replays of `graph`, each between two events, all queued
+    behind `torch.cuda._sleep`; and whether the host finished queueing them before the
+    sleep ended (then the GPU never waited for the host inside a sample)."""
+    for _ in range(GUARD_ATTEMPTS):
+        sleep_us = 2.0 * _GUARD["host_us_per_rep"] * reps
+        sleep_us = min(GUARD_MAX_US, max(GUARD_MIN_US, sleep_us))
+        cycles = int(sleep_us * _GUARD["cycles_per_us"])
+        slept = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        t0 = time.perf_counter()
+        slept[0].record()
+        torch.cuda._sleep(cycles)
+        slept[1].record()
+        for i in range(reps):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        host_us = (time.perf_counter() - t0) * 1e6
+        torch.cuda.synchronize(device)
+        slept_us = slept[0].elapsed_time(slept[1]) * 1000.0
+        if slept_us > 0:
+            _GUARD["cycles_per_us"] = cycles / slept_us
+        _GUARD["host_us_per_rep"] = host_us / reps
+        if host_us < slept_us:
+            break
+    return [starts[i].elapsed_time(ends[i]) for i in range(reps)], host_us < slept_us
+
+
 def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int = 50,
                warmup: int = 5, device=None, warm_gpu: bool = True) -> Timing:
     """Per-call microseconds of `call(state)` replayed in a CUDA graph.
@@ -67,6 +115,20 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
     The graph runs over `states` in turn, repeated until it holds at least
     `calls_per_replay` calls (default: max(len(states), 20)), so a replay lasts long
     enough for the events to resolve it.
+
+    Host stalls: a sample is the GPU time between an event recorded before a replay and
+    one recorded after it. If the host thread stalls between queueing the first event
+    and the replay (another Python thread holds the GIL, e.g. the tuner's compile-ahead
+    pool: up to a 5 ms switch interval each time), the GPU reaches the event, idles, and
+    the idle time is counted. So the replays are queued behind a GPU sleep
+    (`torch.cuda._sleep`) between two events: if the host queued everything (from before
+    the sleep to after the last event) in less time than the sleep lasted on the GPU, the
+    GPU found every replay already queued and never waited for the host. Otherwise the
+    chunk is redone behind a sleep of twice that host time, up to GUARD_ATTEMPTS times
+    (the last attempt's samples are kept anyway: `Timing.guarded` says whether every
+    chunk of GUARD_CHUNK replays was shown clean). Each sleep lasts twice the host time
+    per replay seen last, times the replays it covers (at least 1 ms), converted to
+    cycles at the clock rate its predecessor's events measured.
     """
     states = list(states)
     n = calls_per_replay or max(len(states), 20)
@@ -86,16 +148,13 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
         _warm(device)
     for _ in range(warmup):
         graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        graph.replay()
-        ends[i].record()
-    torch.cuda.synchronize(device)
-    samples = [starts[i].elapsed_time(ends[i]) * 1000.0 / n for i in range(reps)]
+    ms, guarded = [], True
+    for lo in range(0, reps, GUARD_CHUNK):
+        chunk, ok = _guarded_replays(graph, min(GUARD_CHUNK, reps - lo), device)
+        ms += chunk
+        guarded = guarded and ok
     del graph
-    return Timing(samples)
+    return Timing([x * 1000.0 / n for x in ms], guarded=guarded)
 
 
 def time_eager(call, states, *, reps: int = 50, inner: int = 20, warmup: int = 3,

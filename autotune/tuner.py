@@ -26,8 +26,17 @@ only coordination; with `--storage` pointing at a database server, tuners on sev
 hosts share the studies the same way. The parent shows progress from the store and
 finalises the tables when the workers are done.
 
-`--budget-s S` bounds the whole run: each key's search gets an equal share of the time
-left (so a slow first key cannot starve the rest); a key always gets at least one trial.
+`--budget-s S` bounds the whole run, counted from the start of `tune()` (default 360 s
+on a GPU, chosen so that the default `make tune`, 38 keys, ends well inside 8 minutes on
+one H200 with process start-up and imports; 600 s on CPU; 0: none). Every key costs a
+fixed part besides its search (inputs and references, compiling, `finalize`'s re-check
+and re-timing, torch's timing): `Budget` keeps a running mean of what that fixed part
+measured on the finished keys (first guess `FIXED_S`), sets it aside for every key not
+yet done, and gives the next key's search the rest in proportion to its weight (its
+target trial count) among the keys left. A key that overran leaves less for the rest;
+a key always gets at least one trial (its heuristic's config), even past the budget.
+With `--workers`, the workers' searches end early enough for the parent to finalise
+every key (a guessed fixed part each) and share their time the same way.
 """
 from __future__ import annotations
 
@@ -79,7 +88,7 @@ class Options:
     exhaustive_limit: int | None = None       # None: 200 on CUDA, 0 on CPU
     workers: int = 1
     storage: str | None = None                # None: sqlite results/<slug>/studies.db
-    budget_s: float | None = None             # None: 400 on CUDA, 600 on CPU; 0: none
+    budget_s: float | None = None             # None: 360 on CUDA, 600 on CPU; 0: none
     seed: int = 0
     top: int = 3                              # configs re-timed at the end
     results: str | None = None                # results root (default: repo results/)
@@ -127,7 +136,7 @@ def resolve(opts: Options, device: torch.device) -> Options:
     if o.trials is None and not cuda:
         o.trials = 3
     if o.budget_s is None:
-        o.budget_s = 400.0 if cuda else 600.0
+        o.budget_s = 360.0 if cuda else 600.0
     if o.search_reps is None:
         o.search_reps = 30 if cuda else 1
     if o.final_reps is None:
@@ -362,6 +371,7 @@ class Measurer:
         # what an earlier run left in an in-place output
         self.pristine = {i: _clone(self.states[i]) for i in check}
         self.refs = {i: t.reference(_clone(self.states[i])) for i in check}
+        self.unguarded = 0    # graph timings that could not be shown free of host stalls
         if self.cuda:
             torch.cuda.synchronize(device)
 
@@ -393,7 +403,9 @@ class Measurer:
     def time(self, cfg: dict, reps: int) -> Timing:
         call = self._caller(self.t.run, cfg)
         if self.cuda:
-            return time_graph(call, self.states, reps=reps, device=self.device)
+            tm = time_graph(call, self.states, reps=reps, device=self.device)
+            self.unguarded += tm.guarded is False
+            return tm
         return time_wall(call, self.states, reps=reps, warmup=0, device=self.device)
 
     @staticmethod
@@ -507,19 +519,57 @@ def _r(x, nd=3):
 
 
 # --- running ---------------------------------------------------------------------------------
-class Budget:
-    def __init__(self, seconds: float | None, n_jobs: int):
-        self.end = time.monotonic() + seconds if seconds else None
-        self.left = n_jobs
+# A key's cost outside its search, first guess (seconds; then the mean measured): inputs
+# and references, compiling, finalize's re-check and re-timing of the top configs and
+# the heuristic's, torch's timing. The CPU figure is for the interpreter's smoke keys.
+FIXED_S = {"cuda": 4.0, "cpu": 3.0}
 
-    def next_deadline(self) -> float | None:
-        """An equal share of the time left for the next job."""
+
+def fixed_guess(device: torch.device) -> float:
+    return FIXED_S["cuda" if device.type == "cuda" else "cpu"]
+
+
+class Budget:
+    """Shares of a time budget over jobs run one after another.
+
+    `share()` is the next job's search time: (time left - fixed * jobs left) * its weight
+    / the weights of the jobs left (itself included), never below 0 (the search then runs
+    its one trial). `fixed` is the mean of the fixed costs (a job's time minus its search
+    time) reported by `finished`, `fixed_s` until one is. `clock` is injectable (tests);
+    `start` defaults to now. `seconds` None or 0: no budget (`share()` is None)."""
+
+    def __init__(self, seconds: float | None, weights, fixed_s: float, *,
+                 clock=time.monotonic, start: float | None = None):
+        self.clock = clock
+        t0 = clock() if start is None else start
+        self.end = t0 + seconds if seconds else None
+        self.weights = [max(1.0, float(w)) for w in weights]   # jobs not started yet
+        self.fixed_s0 = fixed_s
+        self.fixed_seen: list[float] = []
+
+    @property
+    def fixed_s(self) -> float:
+        seen = self.fixed_seen
+        return sum(seen) / len(seen) if seen else self.fixed_s0
+
+    def share(self) -> float | None:
+        """Seconds for the next job's search (the job is taken off the list)."""
+        w = self.weights.pop(0) if self.weights else 1.0
         if self.end is None:
             return None
-        now = time.monotonic()
-        share = max(0.0, self.end - now) / max(1, self.left)
-        self.left -= 1
-        return now + share
+        jobs = len(self.weights) + 1
+        pool = self.end - self.clock() - self.fixed_s * jobs
+        return max(0.0, pool) * w / (w + sum(self.weights))
+
+    def next_deadline(self) -> float | None:
+        """`share()` as a deadline on the clock, counted from now: call it right before
+        the search starts."""
+        s = self.share()
+        return None if s is None else self.clock() + s
+
+    def finished(self, total_s: float, search_s: float) -> None:
+        """A job took `total_s`, `search_s` of it searching: the rest was fixed cost."""
+        self.fixed_seen.append(max(0.0, total_s - search_s))
 
 
 class Progress:
@@ -583,19 +633,26 @@ def tune(opts: Options) -> dict:
     progress = Progress(sum(j.target for j in jobs), opts.progress)
     written: dict = {}
     if opts.workers > 1:
-        _run_workers(opts, jobs, storage, slug, progress)
+        # the parent finalises every key after the workers: they stop searching early
+        # enough for that (a guessed fixed cost per key)
+        search_s = opts.budget_s - fixed_guess(device) * len(jobs) if opts.budget_s else None
+        search_end = None if search_s is None else time.time() + search_s - (
+            time.monotonic() - t0)
+        _run_workers(opts, jobs, storage, slug, progress, search_end)
         for j in jobs:       # finalise in the parent, one key after another
+            k0 = time.monotonic()
             progress.describe(f"final {j.label}")
             study = load(j, storage, opts, device)
             _finalize_and_write(j, study, Measurer(j.tunable, j.key, device, opts), opts,
-                                device, slug, out_dir, written, progress)
+                                device, slug, out_dir, written, progress, started=k0)
     else:
-        budget = Budget(opts.budget_s, len(jobs))
+        budget = Budget(opts.budget_s, [j.target for j in jobs], fixed_guess(device),
+                        start=t0)
         wid = worker_id(0)
         pc = _precompiler(opts, device)
         try:
             for j in jobs:
-                deadline = budget.next_deadline()
+                k0 = time.monotonic()
                 progress.describe(j.label)
                 study = load(j, storage, opts, device)
                 m = Measurer(j.tunable, j.key, device, opts)
@@ -603,10 +660,14 @@ def tune(opts: Options) -> dict:
                 if pc is not None and before < min(j.target, len(j.grid)):
                     pc.submit(j, m.states[0], exhaustive_order(j, opts, device))
                 progress.update(min(before, j.target))
-                counts = _search_job(j, study, m, opts, deadline, wid, progress)
+                s0 = time.monotonic()
+                counts = _search_job(j, study, m, opts, budget.next_deadline(), wid,
+                                     progress)
+                search_s = time.monotonic() - s0
                 progress.shrink(j.target - min(j.target, counts.evaluated))
                 _finalize_and_write(j, study, m, opts, device, slug, out_dir, written,
-                                    progress)
+                                    progress, started=k0)
+                budget.finished(time.monotonic() - k0, search_s)
         finally:
             if pc is not None:
                 pc.close()     # cancel queued compiles, or exit would wait for them
@@ -654,7 +715,10 @@ def _say(progress: Progress | None, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _finalize_and_write(j, study, m, opts, device, slug, out_dir, written, progress):
+def _finalize_and_write(j, study, m, opts, device, slug, out_dir, written, progress,
+                        started: float | None = None):
+    """Finalise the key, add its entry to the table, print its line (with the seconds
+    since `started`: the key's whole time)."""
     entry = finalize(j, study, m, opts, log=progress.write)
     if entry is None:
         return
@@ -666,7 +730,9 @@ def _finalize_and_write(j, study, m, opts, device, slug, out_dir, written, progr
         f"  {j.label}: {entry['p50_us']:.2f} us {_short(entry['config'], j.tunable)}"
         + (f"  (heuristic {hp:.2f} us)" if hp else "")
         + f"  [{entry['trials']['evaluated']}/{entry['grid']} configs"
-        + (f", {entry['trials']['wrong']} WRONG" if entry["trials"]["wrong"] else "") + "]")
+        + (f", {entry['trials']['wrong']} WRONG" if entry["trials"]["wrong"] else "")
+        + (f", {m.unguarded} timings not shown free of host stalls" if m.unguarded else "")
+        + (f", {time.monotonic() - started:.1f} s" if started is not None else "") + "]")
 
 
 def _short(cfg: dict, t: Tunable) -> str:
@@ -674,12 +740,16 @@ def _short(cfg: dict, t: Tunable) -> str:
 
 
 # --- several workers on one store ------------------------------------------------------------
-def _run_workers(opts: Options, jobs: list[Job], storage, slug: str, progress: Progress):
+def _run_workers(opts: Options, jobs: list[Job], storage, slug: str, progress: Progress,
+                 search_end: float | None = None):
+    """Run the workers; their searches end by `search_end` (time.time(), which every
+    process reads alike; None: no budget)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(opts.workers)
-    procs = [ctx.Process(target=_worker_main, args=(opts, i, barrier), daemon=False)
+    procs = [ctx.Process(target=_worker_main, args=(opts, i, barrier, search_end),
+                         daemon=False)
              for i in range(opts.workers)]
     for p in procs:
         p.start()
@@ -705,8 +775,10 @@ def _run_workers(opts: Options, jobs: list[Job], storage, slug: str, progress: P
                        f"(codes {bad}); finalising what the store holds")
 
 
-def _worker_main(opts: Options, index: int, barrier) -> None:
-    """One worker process: pin a GPU, load the recipes, search every job's study."""
+def _worker_main(opts: Options, index: int, barrier, search_end: float | None = None) -> None:
+    """One worker process: pin a GPU, load the recipes, search every job's study, all by
+    `search_end` (time.time()); the same shares as one process (`Budget`), its fixed
+    cost per key being what it measures here (the parent finalises)."""
     try:
         if torch.cuda.is_available() and os.environ.get("SPEC_TUNE_DEVICE", "") != "cpu":
             torch.cuda.set_device(index % torch.cuda.device_count())
@@ -721,15 +793,21 @@ def _worker_main(opts: Options, index: int, barrier) -> None:
             barrier.wait(timeout=600)
         except Exception:  # noqa: BLE001 - a slow or dead sibling: go on alone
             pass
-        # the parent finalises every key after the workers: keep a tenth for that
-        budget = Budget(opts.budget_s * 0.9 if opts.budget_s else None, len(jobs))
+        left = None if search_end is None else max(0.0, search_end - time.time())
+        # None or 0 seconds both mean "no budget" to Budget: a spent one is a tiny one
+        budget = Budget(None if left is None else max(left, 1e-3),
+                        [j.target for j in jobs], fixed_guess(device))
         for j in jobs:
-            deadline = budget.next_deadline()
+            k0 = time.monotonic()
             study = load(j, storage, opts, device, index)
             if study_counts(study).evaluated >= min(j.target, len(j.grid)):
+                budget.share()       # take it off the list; its time goes to the rest
                 continue
             m = Measurer(j.tunable, j.key, device, opts)
-            _search_job(j, study, m, opts, deadline, wid, None)
+            s0 = time.monotonic()
+            _search_job(j, study, m, opts, budget.next_deadline(), wid, None)
+            now = time.monotonic()
+            budget.finished(now - k0, now - s0)
     except Exception:
         traceback.print_exc()
         sys.exit(1)

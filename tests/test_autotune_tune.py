@@ -1,6 +1,7 @@
 """The tuner end to end: search, checking against the reference, failures, resume, CLI."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -61,7 +62,11 @@ def test_exhaustive_tune_checks_every_config(tmp_path, fake, capsys):
     assert by_status["error"] == [(optuna.trial.TrialState.PRUNED, fake.RAISES)]
     assert "out of resource" in next(info(t)["error"] for t in study.trials
                                      if info(t).get("status") == "error")
-    assert "WRONG OUTPUT" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "WRONG OUTPUT" in err
+    # the key's line: configs run and the seconds the key took
+    assert re.search(r"fake_scale\[N=256,dtype=float32\]: .*\[18/18 configs, 1 WRONG, "
+                     r"\d+\.\d s\]", err), err
     tab = _table(tmp_path)
     (e,) = tab["entries"]
     assert e["key"] == KEY and e["mode"] == "exhaustive" and e["grid"] == len(grid)
@@ -256,6 +261,73 @@ def test_quality_report_smoke(tmp_path, fake):
     assert k["measured"] == 18 and len(k["replays"]) == 2
     assert all(r["trials_to_goal"] is None or 1 <= r["trials_to_goal"] <= 18
                for r in k["replays"])
+
+
+def test_quality_counts_only_complete_grids(tmp_path, fake, monkeypatch, capsys):
+    """A key whose estimated cost does not fit is not started; one cut by the budget's hard
+    stop is listed as incomplete and left out of the verdict; a later run resumes it."""
+    from autotune import quality as Q
+    monkeypatch.setenv("FAKE_SLOW_S", "0.05")
+
+    def run(budget_s):
+        path = Q.quality(_opts(tmp_path, recipes=["fake_slow"], budget_s=budget_s),
+                         n_keys=2, seeds=1, min_grid=4, max_grid=100)
+        return path.read_text(), json.loads(path.with_suffix(".json").read_text())
+
+    text, data = run(0.3)                  # 18 configs x 0.5 s (the CPU guess) > 0.3 s
+    assert "fake_slow[N=256,dtype=float32]: not started" in capsys.readouterr().err
+    (inc,) = data["incomplete"]
+    assert data["n_keys"] == 0 and inc["measured"] == 0 and inc["grid"] == 18
+    # 18 configs x 0.5 s + 1 replay x 1 s
+    assert inc["why"].startswith("not started: 18 configs need ~10 s")
+    assert "0 of 18 configs measured (not started" in text
+    monkeypatch.setitem(Q.SECONDS_PER_CONFIG, "cpu", 0.0)   # now it is started ...
+    monkeypatch.setattr(Q, "REPLAY_S", 0.0)
+    text, data = run(0.3)                  # ... and cut: each config takes >= 0.1 s
+    (inc,) = data["incomplete"]
+    assert 1 <= inc["measured"] < 18 and data["keys"] == []
+    assert inc["why"] == "cut by the end of the budget"
+    assert "Incomplete" in text and "0 of 0 complete keys" in text and "NOT MET" in text
+    text, data = run(0)                    # no budget: the grid is completed
+    assert data["incomplete"] == [] and data["n_keys"] == 1
+    (k,) = data["keys"]
+    assert k["measured"] == 18 and k["heuristic"]["note"] is None
+    assert k["heuristic"]["us"] > 0
+
+
+def _quality_row(reached: bool) -> dict:
+    rep = {"seed": 0, "trials_to_goal": 3 if reached else None, "evaluated": 30,
+           "best_at_budget_us": 1.0, "ratio_at_budget": 1.0, "budget": 10}
+    return {"recipe": "r", "key": {"N": 1}, "grid": 30, "measured": 30, "optimum_us": 1.0,
+            "optimum_config": {}, "heuristic": {"us": None, "note": "outside the grid"},
+            "replays": [rep], "budget": 10}
+
+
+@pytest.mark.parametrize("complete,reached,verdict", [(10, 9, "MET"), (10, 8, "NOT MET"),
+                                                      (9, 9, "NOT MET")])
+def test_quality_verdict_needs_ten_complete_keys(complete, reached, verdict):
+    from autotune.quality import _report
+    rows = [_quality_row(i < reached) for i in range(complete)]
+    incomplete = [{"recipe": "r", "key": {"N": 2}, "grid": 40, "measured": 7,
+                   "why": "cut by the end of the budget"}]
+    doc = _report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
+                  1, 0.03, 1.0)
+    assert doc["json"]["verdict"] == verdict and doc["json"]["n_keys"] == complete
+    md = doc["markdown"]
+    assert f"**{reached} of {complete} complete keys**" in md and f"**{verdict}**" in md
+    assert "`N=2`: 7 of 40 configs measured (cut by the end of the budget)" in md
+    assert "- (outside the grid)" in md
+
+
+def test_quality_heuristic_outside_the_grid(fake):
+    from autotune.quality import _heuristic_time
+    from autotune.tuner import Job
+    job = Job(fake.SCALE, KEY, fake.SCALE.configs(KEY), True, 18, "s")
+    assert _heuristic_time(job, {"BLOCK": 32, "W": 4, "S": 1}, {}) == {
+        "us": None, "note": "outside the grid"}
+    heur = fake.heuristic(KEY, None)
+    assert _heuristic_time(job, heur, {config_id(heur): ("error", None)}) == {
+        "us": None, "note": "error"}
 
 
 def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):

@@ -85,10 +85,10 @@ def postgres_url():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _two_workers(tmp_path, storage):
+def _two_workers(tmp_path, storage, budget_s="0"):
     cmd = [PY, "-m", "autotune", "tune", "--package", "fake_tunables", "--recipe",
            "fake_slow", "--workers", "2", "--trials", "10", "--results", str(tmp_path),
-           "--no-progress", "--budget-s", "0"]
+           "--no-progress", "--budget-s", budget_s]
     if storage:
         cmd += ["--storage", storage]
     t0 = time.time()
@@ -113,4 +113,5 @@ def test_two_workers_share_a_postgres_study(tmp_path, postgres_url):
 
 
 def test_two_workers_share_a_sqlite_study(tmp_path):
-    _two_workers(tmp_path, None)
+    """With a budget too (ample: the workers' shares must not cut the 10 trials)."""
+    _two_workers(tmp_path, None, budget_s="120")

@@ -2,6 +2,7 @@
 # The H200 pass, as steps that fit the device calls (each call under 10 minutes):
 #   tools/gpu_pass.sh test probe    GPU test suite (~3 min), bandwidth probe (~3 min)
 #   tools/gpu_pass.sh tune          make tune, the default key set (< 8 min)
+#   tools/gpu_pass.sh retest        $RETEST (default tests/test_ops.py) again
 #   tools/gpu_pass.sh quality bench tuner quality (~5 min), make bench (~4 min)
 # Outputs go to $OUT (logs, and a tarball of results/h200 after tune/quality/bench). Run
 # from the repository root with the Optuna wheels in .whl/ (../shared/device/wheels.sh).
@@ -19,6 +20,10 @@ for step in "$@"; do
         -p no:cacheprovider -rfs --durations=10 >"$OUT/test-gpu.log" 2>&1
       summary+=("$(tail -1 "$OUT/test-gpu.log")")
       grep -E '^(FAILED|ERROR)' "$OUT/test-gpu.log" | head -20 ;;
+    retest)   # RETEST="tests/a.py tests/b.py::test_x": a part of the suite again
+      SPEC_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -n 8 -p no:benchmark \
+        -p no:cacheprovider -rfs ${RETEST:-tests/test_ops.py} >"$OUT/retest.log" 2>&1
+      summary+=("retest: $(tail -1 "$OUT/retest.log")") ;;
     probe)
       timeout 300 python3 tools/probe_bw.py "$OUT/probe-bw.txt" >"$OUT/probe.log" 2>&1
       summary+=("probe rc=$?") ;;
@@ -28,7 +33,7 @@ for step in "$@"; do
       python3 -m autotune report >/dev/null 2>&1
       summary+=("$(tail -2 "$OUT/tune.log" | tr '\n' ' ')") ;;
     quality)
-      timeout 330 make quality QUALITY_ARGS="--no-progress" >"$OUT/quality.log" 2>&1
+      timeout 330 make quality QUALITY_ARGS="--budget-s 280 --no-progress" >"$OUT/quality.log" 2>&1
       summary+=("$(grep -E 'complete keys|MET|NOT MET' "$OUT/quality.log" | tail -2)") ;;
     bench)
       timeout 280 make bench BENCH_ARGS="--max-seconds 240 --out results/h200" \

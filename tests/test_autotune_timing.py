@@ -1,0 +1,142 @@
+"""autotune.timing: graph replays queued behind a GPU sleep, so that a stalled host (another
+Python thread holding the GIL) does not show up in the samples.
+
+On CPU the guard's logic runs against a simulated stream (a host clock, a GPU that runs
+queued work in order, never before it was queued); on a GPU the real thing is timed
+with a thread spinning in Python beside it."""
+import threading
+
+import pytest
+import torch
+from helpers import ON_GPU
+
+from autotune import timing
+
+CLOCK_MHZ = 1980.0       # the simulated GPU's cycles per microsecond
+REPLAY_US = 40.0         # GPU time of one replay
+LAUNCH_US = 5.0          # host time to queue anything
+
+
+class SimStream:
+    """Host and GPU clocks in microseconds; the GPU runs each queued item in order, from
+    when it was queued at the earliest."""
+
+    def __init__(self, stalls):
+        self.host = 0.0
+        self.gpu = 0.0
+        self.stalls = stalls       # replay index (counted over the test) -> host stall us
+        self.replays = 0
+        self.sleeps = []
+
+    def queue(self, gpu_us: float) -> float:
+        start = max(self.gpu, self.host)
+        self.gpu = start + gpu_us
+        self.host += LAUNCH_US
+        return start
+
+
+def _simulate(monkeypatch, stalls):
+    sim = SimStream(stalls)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = sim.queue(0.0)
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) / 1000.0
+
+    class Graph:
+        def replay(self):
+            sim.host += sim.stalls.get(sim.replays, 0.0)
+            sim.replays += 1
+            sim.queue(REPLAY_US)
+
+    def sleep(cycles):
+        sim.sleeps.append(cycles / CLOCK_MHZ)
+        sim.queue(cycles / CLOCK_MHZ)
+
+    def synchronize(device=None):
+        sim.host = max(sim.host, sim.gpu)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: sim.host / 1e6)
+    monkeypatch.setattr(timing, "_GUARD", {"cycles_per_us": 1500.0, "host_us_per_rep": 20.0})
+    return sim, Graph()
+
+
+def test_guard_redoes_a_chunk_the_host_stalled_in(monkeypatch):
+    """A 5 ms stall in the first attempt: the chunk is redone behind a longer sleep, the
+    samples are the replays' own time, and the clock rate was learnt from the sleep."""
+    sim, graph = _simulate(monkeypatch, {3: 5000.0})
+    ms, guarded = timing._guarded_replays(graph, 20, None)
+    assert guarded
+    assert len(ms) == 20 and all(x * 1000 == pytest.approx(REPLAY_US) for x in ms)
+    assert len(sim.sleeps) == 2 and sim.sleeps[1] > 5000.0
+    assert sim.replays == 40
+    # learnt from the sleep's events (which also hold its launch gap)
+    assert timing._GUARD["cycles_per_us"] == pytest.approx(CLOCK_MHZ, rel=0.01)
+
+
+def test_guard_sizes_its_sleep_from_the_last_call(monkeypatch):
+    """No stall: one attempt each; the first call's sleep is the first guess, the next
+    one twice the host time per replay the first call saw, for its own replays."""
+    sim, graph = _simulate(monkeypatch, {})
+    ms, guarded = timing._guarded_replays(graph, 30, None)
+    assert guarded and len(sim.sleeps) == 1 and sim.replays == 30
+    assert max(ms) * 1000 == pytest.approx(REPLAY_US)
+    host_us = 3 * 30 * LAUNCH_US + 3 * LAUNCH_US
+    assert timing._GUARD["host_us_per_rep"] == pytest.approx(host_us / 30)
+    monkeypatch.setattr(timing, "GUARD_MIN_US", 10.0)
+    ms, guarded = timing._guarded_replays(graph, 15, None)
+    assert guarded and len(sim.sleeps) == 2
+    assert sim.sleeps[1] == pytest.approx(host_us, rel=0.02)
+
+
+def test_guard_gives_up_after_its_attempts_and_says_so(monkeypatch):
+    """Stalls in every attempt, longer than the longest sleep allowed: the last attempt's
+    samples are kept and flagged as not guarded."""
+    monkeypatch.setattr(timing, "GUARD_MAX_US", 2000.0)
+    stalls = {i: 5000.0 for i in range(0, 1000, 10)}
+    sim, graph = _simulate(monkeypatch, stalls)
+    ms, guarded = timing._guarded_replays(graph, 10, None)
+    assert not guarded
+    assert len(sim.sleeps) == timing.GUARD_ATTEMPTS and len(ms) == 10
+    assert max(ms) * 1000 > 1000.0        # the stall shows: nothing hid it
+
+
+@pytest.mark.skipif(not ON_GPU, reason="times CUDA graph replays with CUDA events: needs a "
+                                       "GPU")
+def test_time_graph_is_not_fooled_by_a_busy_python_thread(device):
+    """A thread spinning in Python holds the GIL for up to a switch interval (5 ms) each
+    time the timing thread lets it go; the median per-call time of a trivial kernel must
+    stay within 2x of the unloaded one."""
+    x = torch.randn(4096, device=device)
+    y = torch.empty_like(x)
+
+    def call(_):
+        torch.neg(x, out=y)
+
+    quiet = timing.time_graph(call, [0], reps=50, device=device)
+    stop, spins = threading.Event(), [0]
+
+    def spin():
+        n = 0
+        while not stop.is_set():
+            n += 1
+        spins[0] = n
+
+    th = threading.Thread(target=spin, daemon=True)
+    th.start()
+    try:
+        loaded = timing.time_graph(call, [0], reps=50, device=device)
+    finally:
+        stop.set()
+        th.join()
+    assert spins[0] > 0
+    assert quiet.guarded
+    assert loaded.p50 <= 2.0 * quiet.p50, (quiet.p50, loaded.p50, loaded.guarded)
