@@ -33,7 +33,10 @@ fixed part besides its search (inputs and references, compiling, `finalize`'s re
 and re-timing, torch's timing): `Budget` keeps a running mean of what that fixed part
 measured on the finished keys (first guess `FIXED_S`), sets it aside for every key not
 yet done, and gives the next key's search the rest in proportion to its weight (its
-target trial count) among the keys left. A key that overran leaves less for the rest;
+trial target; an exhaustive key weighs what a sampled one of its grid would: `weight`)
+among the keys left. Keys run in rounds over the recipes (`interleave`), so a budget
+that runs short leaves the last keys of the largest recipes untuned, never a whole
+recipe. A key that overran leaves less for the rest;
 a key always gets at least one trial (its heuristic's config), even past the budget.
 With `--workers`, the workers' searches end early enough for the parent to finalise
 every key (a guessed fixed part each) and share their time the same way.
@@ -237,7 +240,29 @@ def plan(opts: Options, slug: str, tunables: list[Tunable] | None = None) -> lis
                                                                 opts.frac)
             jobs.append(Job(t, key, grid, exhaustive, target,
                             study_name(slug, t.name, key, sh, src)))
-    return jobs
+    return interleave(jobs)
+
+
+def interleave(jobs: list[Job]) -> list[Job]:
+    """Jobs in rounds over the recipes (each recipe's first key, then each one's second,
+    ...), keys in their recipe's order: when the budget runs short, the keys left without
+    a search are the last keys of the recipes with the most keys, never a whole recipe."""
+    by: dict = {}
+    for j in jobs:
+        by.setdefault(j.tunable.name, []).append(j)
+    out, i = [], 0
+    while len(out) < len(jobs):
+        out += [js[i] for js in by.values() if i < len(js)]
+        i += 1
+    return out
+
+
+def weight(job: Job, opts: Options) -> float:
+    """A job's claim on the budget: its trial target, but an exhaustive key claims no
+    more than a sampled one of its grid would (`frac` of it): past that, its trials pay
+    less than another key's first ones (the quality report: Optuna comes within 3% of
+    the optimum in well under 30% of a grid)."""
+    return min(job.target, target_trials(len(job.grid), opts.trials, opts.frac))
 
 
 def job_seed(opts: Options, job: Job) -> int:
@@ -646,7 +671,7 @@ def tune(opts: Options) -> dict:
             _finalize_and_write(j, study, Measurer(j.tunable, j.key, device, opts), opts,
                                 device, slug, out_dir, written, progress, started=k0)
     else:
-        budget = Budget(opts.budget_s, [j.target for j in jobs], fixed_guess(device),
+        budget = Budget(opts.budget_s, [weight(j, opts) for j in jobs], fixed_guess(device),
                         start=t0)
         wid = worker_id(0)
         pc = _precompiler(opts, device)
@@ -796,7 +821,7 @@ def _worker_main(opts: Options, index: int, barrier, search_end: float | None = 
         left = None if search_end is None else max(0.0, search_end - time.time())
         # None or 0 seconds both mean "no budget" to Budget: a spent one is a tiny one
         budget = Budget(None if left is None else max(left, 1e-3),
-                        [j.target for j in jobs], fixed_guess(device))
+                        [weight(j, opts) for j in jobs], fixed_guess(device))
         for j in jobs:
             k0 = time.monotonic()
             study = load(j, storage, opts, device, index)

@@ -140,8 +140,12 @@ class _Workspace:
     to rest before they finish (the last program of a group resets its slots), so one
     buffer serves every launch on a stream. It grows (an allocation) only when a call
     needs more slots than any earlier call on that device: warm up at the largest batch
-    before capturing a CUDA graph. Launches that share it must not run concurrently on
-    different streams.
+    before capturing a CUDA graph (growing inside a capture raises, since the buffer
+    would live in that graph's memory pool). On CUDA it is allocated on a side stream,
+    so that it never lands in a pool that the current stream's allocations are routed
+    to (torch.compile's "reduce-overhead" warm-up routes them to its CUDA-graph pool,
+    and then finds a live tensor there that is not an output). Launches that share it
+    must not run concurrently on different streams.
     """
 
     def __init__(self) -> None:
@@ -152,15 +156,53 @@ class _Workspace:
         got = self._bufs.get(key)
         if got is not None and rows <= got[2] and groups <= got[3]:
             return got[0], got[1]               # the common case: big enough already
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            have = f"{got[2]} row slots and {got[3]} counters" if got else "nothing"
+            raise RuntimeError(
+                f"workspace: the split-reduction scratch on {device} holds {have}; this "
+                f"call needs {rows} row slots and {groups} counters, and it cannot grow "
+                "inside a CUDA graph capture: call the recipe once outside the graph at "
+                "the largest batch first (a warm-up)")
         acc, cnt = (None, None) if got is None else got[:2]
-        if acc is None or acc.numel() < rows:
-            acc = torch.full((max(1024, next_pow2(rows)),), INT64_MIN, dtype=torch.int64,
-                             device=device)
-        if cnt is None or cnt.numel() < groups:
-            cnt = torch.zeros((max(1024, next_pow2(groups)),), dtype=torch.int32,
-                              device=device)
+        grow_acc = acc is None or acc.numel() < rows
+        grow_cnt = cnt is None or cnt.numel() < groups
+        with _side_stream(device):
+            if grow_acc:
+                acc = torch.full((max(1024, next_pow2(rows)),), INT64_MIN,
+                                 dtype=torch.int64, device=device)
+            if grow_cnt:
+                cnt = torch.zeros((max(1024, next_pow2(groups)),), dtype=torch.int32,
+                                  device=device)
+        if got is not None and device.type == "cuda":     # work queued on the old ones
+            for old in (got[0] if grow_acc else None, got[1] if grow_cnt else None):
+                if old is not None:
+                    old.record_stream(torch.cuda.current_stream(device))
         self._bufs[key] = (acc, cnt, acc.numel(), cnt.numel())
         return acc, cnt
+
+
+class _side_stream:
+    """On CUDA: run the block on a fresh stream ordered after the current one, and order
+    the current one after it (no host sync). Elsewhere: nothing."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.ctx = None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            cur = torch.cuda.current_stream(self.device)
+            self.side = torch.cuda.Stream(self.device)
+            self.side.wait_stream(cur)
+            self.ctx = torch.cuda.stream(self.side)
+            self.ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+        return False
 
 
 WORKSPACE = _Workspace()

@@ -96,3 +96,23 @@ def test_over_2_pow_31_elements(device):
         assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
     del x
     torch.cuda.empty_cache()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
+def test_workspace_cannot_grow_inside_a_capture(device):
+    """Growing the stage-2 scratch inside a capture would put it in the graph's pool: a
+    clear error asking for a warm-up; outside the capture the same call grows it."""
+    from recipes import _common as C
+
+    dev = torch.device(device.type, torch.cuda.current_device())
+    have = C.WORKSPACE._bufs.get((dev.type, dev.index))
+    R = 2 * (have[2] if have else 1024)
+    x = torch.randn(R, 8, device=dev).to(torch.bfloat16)
+    out = torch.empty(R, dtype=torch.int64, device=dev)
+    recipes.argmax(x[:1], out=out[:1])      # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="warm-up"):
+        with torch.cuda.graph(g):
+            recipes.argmax(x, out=out)
+    del g
+    assert_equal(recipes.argmax(x, out=out), torch.argmax(x, 1), "after the warm-up")

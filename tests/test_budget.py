@@ -128,3 +128,23 @@ def test_pacer_counts_the_time_a_key_takes_after_its_grid():
     p.after_grid(4.0)
     p.after_grid(2.0)                      # the replays' mean replaces the guess
     assert p.estimate(0) == pytest.approx(3.0) and p.fits(194) and not p.fits(195)
+
+
+def test_keys_run_in_rounds_over_recipes_and_exhaustive_keys_weigh_as_sampled():
+    from types import SimpleNamespace
+
+    from autotune.tuner import Job, Options, interleave, weight
+
+    def job(name, i, grid, exhaustive):
+        t = SimpleNamespace(name=name)
+        return Job(t, {"i": i}, list(range(grid)), exhaustive,
+                   grid if exhaustive else max(8, -(-3 * grid // 10)), f"{name}{i}")
+
+    jobs = [job("a", i, 100, True) for i in range(3)] + [job("b", 0, 300, False)] \
+        + [job("c", i, 20, True) for i in range(2)]
+    order = [(j.tunable.name, j.key["i"]) for j in interleave(jobs)]
+    assert order == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2)]
+    opts = Options()
+    assert weight(jobs[0], opts) == 30          # exhaustive over 100: weighs 30% of it
+    assert weight(jobs[3], opts) == 90          # sampled: its target
+    assert weight(jobs[4], opts) == 8           # small grids: at least 8 (target_trials)
