@@ -4,6 +4,7 @@
 #   tools/gpu_pass.sh tune          make tune, the default key set (< 8 min)
 #   tools/gpu_pass.sh retest        $RETEST (default tests/test_ops.py) again
 #   tools/gpu_pass.sh quality bench tuner quality (~5 min), make bench (~4 min)
+# TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS override each step's arguments.
 # Outputs go to $OUT (logs, and a tarball of results/h200 after tune/quality/bench). Run
 # from the repository root with the Optuna wheels in .whl/ (../shared/device/wheels.sh).
 set -u
@@ -28,15 +29,15 @@ for step in "$@"; do
       timeout 300 python3 tools/probe_bw.py "$OUT/probe-bw.txt" >"$OUT/probe.log" 2>&1
       summary+=("probe rc=$?") ;;
     tune)
-      t0=$SECONDS; timeout 580 make tune TUNE_ARGS="--no-progress" >"$OUT/tune.log" 2>&1
+      t0=$SECONDS; timeout 580 make tune TUNE_ARGS="${TUNE_ARGS:---no-progress}" >"$OUT/tune.log" 2>&1
       echo "make tune: rc=$? wall $((SECONDS - t0)) s" >>"$OUT/tune.log"
       python3 -m autotune report >/dev/null 2>&1
       summary+=("$(tail -2 "$OUT/tune.log" | tr '\n' ' ')") ;;
     quality)
-      timeout 330 make quality QUALITY_ARGS="--budget-s 280 --no-progress" >"$OUT/quality.log" 2>&1
+      timeout 330 make quality QUALITY_ARGS="${QUALITY_ARGS:---budget-s 280 --no-progress}" >"$OUT/quality.log" 2>&1
       summary+=("$(grep -E 'complete keys|MET|NOT MET' "$OUT/quality.log" | tail -2)") ;;
     bench)
-      timeout 280 make bench BENCH_ARGS="--max-seconds 240 --out results/h200" \
+      timeout 280 make bench BENCH_ARGS="${BENCH_ARGS:---max-seconds 240 --out results/h200}" \
         >"$OUT/bench.log" 2>&1
       summary+=("$(tail -2 "$OUT/bench.log" | tr '\n' ' ')") ;;
     *) echo "gpu_pass: unknown step $step"; exit 2 ;;
