@@ -145,6 +145,12 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     header = run_header(device, preset, command)
     header["suites"] = list(suites)
+    old = _read(out / "BENCH.json") if (wanted and out is not None) else None
+    if old and old.get("gpu") == header.get("gpu") and old.get("preset") == preset:
+        # some suites again: the others' results stay, and the page says which run made
+        # each suite (the header describes this run)
+        header["suites"] = list(old.get("suites") or []) + [
+            n for n in suites if n not in (old.get("suites") or [])]
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
 
@@ -528,6 +534,7 @@ def run_suites(suites: dict, preset: str, device, header: dict, args, started: f
         log(f"bench: suite {name} ({preset}, {len(all_cases[name])} cases)")
         res = run_suite(suites[name], preset, device, header["copy_bandwidth_Bps"],
                         args.reps, args.seed, deadline, log=log, cases=all_cases[name])
+        res["date"], res["command"] = header["date"], header["command"]
         results.append(res)
         log(f"bench: suite {name}: {len(res['cases'])} cases in {res['seconds']} s")
     return results
@@ -916,6 +923,10 @@ def render(out: Path) -> None:
     for res in results:
         head, rows = suite_rows(res, copy_bw, curve)
         md = [f"## {res['title']}", ""]
+        if res.get("date") and res.get("date") != header.get("date"):
+            md += [f"*Measured by an earlier run: {res['date']}, `{res.get('command')}` "
+                   "(its copy ceiling and curve were measured again by this page's run "
+                   "on the same GPU).*", ""]
         if res.get("notes"):
             md += [res["notes"], ""]
         if not res["complete"]:

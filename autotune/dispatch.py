@@ -2,8 +2,12 @@
 
 A recipe asks `lookup(recipe, key, device)` at call time. The table of the device's GPU
 is read once per process; the exact key wins, else the nearest tuned key (same
-categorical fields, e.g. dtype; nearest in log2 space over the numeric ones), else None
-and the recipe uses its heuristic. A missing table is silent; an unreadable or corrupt
+categorical fields, e.g. dtype; nearest in log2 space over the numeric ones, and within
+a factor of about 2 in every numeric field: `MAX_FIELD_LOG2`), else None and the recipe
+uses its heuristic. The factor-2 limit is measured: on the H200 bench of 2026-11-29 the
+unlimited nearest key ran configs tuned for other batch sizes or vocabularies up to 2x
+slower than the heuristic (draft_tail B=1 V=151936 given B=1 V=32000's config: 0.75x;
+verify_metadata B=64 page 1 given B=1's: 0.50x; results/h200/NOTES.md). A missing table is silent; an unreadable or corrupt
 one warns once and is treated as missing. Nothing here ever raises into a call.
 Tables made under the Triton interpreter (`results/cpu-interpreter/`, or any table whose
 header says `"interpreter": true`) are never used on a GPU.
@@ -124,8 +128,14 @@ def clear_cache() -> None:
     _RESOLVED.clear()
 
 
-def key_distance(a: dict, b: dict) -> float:
-    """inf unless the categorical fields agree; else the L1 distance in log2 space."""
+# A tuned config is used for another key only if every numeric field is within this
+# distance in log2(x + 1) (about a factor of 2): farther, the heuristic is the better bet.
+MAX_FIELD_LOG2 = 1.0
+
+
+def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
+    """inf unless the categorical fields agree and every numeric field is within
+    `max_field` in log2(x + 1); else the L1 distance in that space."""
     if set(a) != set(b):
         return math.inf
     d = 0.0
@@ -133,16 +143,20 @@ def key_distance(a: dict, b: dict) -> float:
         vb = b[f]
         if isinstance(va, (int, float)) and not isinstance(va, bool) \
                 and isinstance(vb, (int, float)) and not isinstance(vb, bool):
-            d += abs(math.log2(max(va, 0) + 1) - math.log2(max(vb, 0) + 1))
+            df = abs(math.log2(max(va, 0) + 1) - math.log2(max(vb, 0) + 1))
+            if df > max_field:
+                return math.inf
+            d += df
         elif va != vb:
             return math.inf
     return d
 
 
-def nearest(entries, key: dict):
+def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
+    """The config of the entry nearest to `key` (`key_distance`), None if none is near."""
     best, best_d = None, math.inf
     for k, cfg in entries:
-        d = key_distance(key, k)
+        d = key_distance(key, k, max_field)
         if d < best_d:
             best, best_d = cfg, d
     return best

@@ -83,7 +83,10 @@ def test_key_distance_and_nearest():
     assert nearest(entries, {**a, "R": 1}) == "r1"
     assert nearest(entries, {**a, "R": 3}) == "r1"
     assert nearest(entries, {**a, "R": 20}) == "r32"
-    assert nearest(entries, {**a, "R": 4096}) == "r256"
+    assert nearest(entries, {**a, "R": 400}) == "r256"
+    assert nearest(entries, {**a, "R": 4096}) is None           # beyond a factor ~2
+    assert nearest(entries, {**a, "R": 4096}, max_field=float("inf")) == "r256"
+    assert nearest(entries, {**a, "R": 12}) is None             # 1 and 32 both too far
     assert nearest(entries, {**a, "dtype": "float16"}) is None
 
 
@@ -149,7 +152,7 @@ def test_invalid_configs_are_dropped_with_one_warning(results, fake):
            [_entry({**K64, "N": 60}, bad_choice), _entry(K64, rejected),
             _entry(K256, C2)])
     with pytest.warns(RuntimeWarning, match="2 of 3 entries"):
-        got = lookup_slug("test-gpu", "fake_scale", K64)
+        got = lookup_slug("test-gpu", "fake_scale", {**K64, "N": 200})
     assert got == C2                                      # the only valid entry is nearest
 
 

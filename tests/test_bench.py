@@ -224,3 +224,19 @@ def test_make_states_clones_only_exact_layouts(device):
     made.clear()
     st = bench.make_states(BenchCase({}, make_view, {}, 0), device, 7, 3)
     assert made == [7, 8, 9] and st[1]["x"].stride() == (8, 1)
+
+
+def test_a_suite_from_an_earlier_run_says_so(tmp_path):
+    out = tmp_path / "r"
+    write_fake(out)
+    old = fake_suite()
+    old["date"], old["command"] = "2024-12-31 00:00 UTC", "python -m autotune bench"
+    bench.write_json(out / "bench-argmax.json", old)
+    bench.render(out)
+    md = (out / "BENCH.md").read_text()
+    assert "Measured by an earlier run: 2024-12-31 00:00 UTC" in md
+    same = fake_suite()
+    same["date"] = HEADER["date"]
+    bench.write_json(out / "bench-argmax.json", same)
+    bench.render(out)
+    assert "Measured by an earlier run" not in (out / "BENCH.md").read_text()
