@@ -7,8 +7,9 @@ a factor of about 2 in every numeric field: `MAX_FIELD_LOG2`), else None and the
 uses its heuristic. The factor-2 limit is measured: on the H200 bench of 2026-11-29 the
 unlimited nearest key ran configs tuned for other batch sizes or vocabularies up to 2x
 slower than the heuristic (draft_tail B=1 V=151936 given B=1 V=32000's config: 0.75x;
-verify_metadata B=64 page 1 given B=1's: 0.50x; results/h200/NOTES.md). A missing table is silent; an unreadable or corrupt
-one warns once and is treated as missing. Nothing here ever raises into a call.
+verify_metadata B=64 page 1 given B=1's: 0.50x; results/h200/NOTES.md). A missing
+table is silent; an unreadable or corrupt one warns once and is treated as missing.
+Nothing here ever raises into a call.
 Tables made under the Triton interpreter (`results/cpu-interpreter/`, or any table whose
 header says `"interpreter": true`) are never used on a GPU.
 
