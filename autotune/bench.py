@@ -6,13 +6,13 @@ input sets when one set fits in L2, so that a pass over them is not served from 
 `timing.time_graph`, eager ones with `timing.time_eager`), time "ours" a second time at
 the end (the two medians give the noise), and, when this GPU has a tuned table whose
 config for the case differs from the heuristic's, time "ours" once more with the
-heuristic config (`dispatch.heuristic_only`). A large device-to-device copy measured once
-per run is the bandwidth ceiling: fraction of copy bandwidth = bytes / time / ceiling,
-and the plots' floor line is bytes / ceiling. That ceiling is asymptotic: a copy of a few
+heuristic config (`dispatch.heuristic_only`). Once per run, a copy kernel is timed at
+every power-of-two size from 16 KiB to 1 GiB a side (`copy_curve`). Its largest copy is
+the bandwidth ceiling: fraction of copy bandwidth = bytes / time / ceiling, and the
+plots' floor line is bytes / ceiling. That ceiling is asymptotic: a copy of a few
 megabytes also pays a launch and the memory system's ramp, and reaches half of it on an
-H200. So the run also measures a copy kernel's time at every power-of-two size from
-16 KiB to 1 GiB a side (`copy_curve`), and each case is compared with a copy of its own
-byte count ("same-size copy": that copy's time over ours, interpolated log-log).
+H200. So each case is also compared with a copy of its own byte count ("same-size
+copy": that copy's time over ours, interpolated log-log on the curve).
 
 Writes, under `--out` (default `results/<gpu-slug>/`):
     BENCH.md           the page: run header, headline table, per-suite tables and plots
@@ -57,8 +57,8 @@ HEADLINE_START = "<!-- bench:headline:start -->"
 HEADLINE_END = "<!-- bench:headline:end -->"
 REPEAT = "ours (repeat)"
 HEURISTIC = "ours (heuristic config)"
-COPY_BYTES = 1 << 30          # the copy-bandwidth probe: 1 GiB read + 1 GiB written
 CURVE_SIDES = tuple(1 << k for k in range(14, 31))   # the copy curve: 16 KiB .. 1 GiB a side
+COPY_BYTES = CURVE_SIDES[-1]  # the ceiling: the curve's largest copy (1 GiB a side)
 HOST_COPY_BYTES = 1 << 24     # (the CPU functional check's stand-in)
 RESERVE_S = 20.0              # kept back from --max-seconds for writing the reports
 
@@ -160,12 +160,15 @@ def main(argv=None) -> int:
         write_json(out / "overhead.json", ov)
         print(f"bench: overhead measured in {time.perf_counter() - started:.1f} s")
     if not args.overhead_only:
-        header["copy_bandwidth_Bps"] = copy_bandwidth(device)
+        if cuda:
+            header["copy_curve"] = copy_curve(device)
+            moved, us = header["copy_curve"][-1]
+            header["copy_bandwidth_Bps"] = moved / (us * 1e-6)
+        else:
+            header["copy_bandwidth_Bps"] = host_copy_bandwidth()
         header["copy_bytes"] = COPY_BYTES if cuda else HOST_COPY_BYTES
         print(f"bench: copy bandwidth {header['copy_bandwidth_Bps'] / 1e12:.3f} TB/s "
               f"({'device' if cuda else 'host'} copy of {header['copy_bytes'] >> 20} MiB)")
-        if cuda:
-            header["copy_curve"] = copy_curve(device)
         results = run_suites(suites, preset, device, header, args, started)
         header["seconds"] = round(time.perf_counter() - started, 1)
         if out is not None:
@@ -218,33 +221,25 @@ def run_header(device, preset: str, command: str) -> dict:
     return h
 
 
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a large device copy (read + write bytes / time)."""
+def host_copy_bandwidth() -> float:
+    """Bytes per second (read + write / time) of a host copy: the CPU functional check's
+    stand-in for the device ceiling."""
     import torch
 
-    from autotune.timing import time_graph, time_wall
+    from autotune.timing import time_wall
 
-    if device.type != "cuda":
-        n = HOST_COPY_BYTES
-        src = torch.empty(n, dtype=torch.uint8)
-        dst = torch.empty_like(src)
-        t = time_wall(lambda s: s[1].copy_(s[0]), [(src, dst)], reps=3)
-        return 2 * n / (t.p50 * 1e-6)
-    # A copy *kernel*: a graph-captured `copy_` becomes a memcpy node, which the H200 ran
-    # at 2.72 TB/s against 4.24 TB/s for an elementwise kernel (results/h200/NOTES.md).
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=device)
+    src = torch.empty(HOST_COPY_BYTES, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    t = time_graph(lambda s: torch.neg(s[0], out=s[1]), [(src, dst)], calls_per_replay=4,
-                   reps=15, device=device)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * COPY_BYTES / (t.q(0.5) * 1e-6)
+    t = time_wall(lambda s: s[1].copy_(s[0]), [(src, dst)], reps=3)
+    return 2 * HOST_COPY_BYTES / (t.p50 * 1e-6)
 
 
 def copy_curve(device) -> list:
-    """[[bytes moved (read + written), median us], ...] of a copy kernel (`torch.neg`, as
-    `copy_bandwidth`) in CUDA graphs, one point per size of CURVE_SIDES, inputs rotated
-    past twice the L2 as the cases' are."""
+    """[[bytes moved (read + written), median us], ...] of a copy kernel in CUDA graphs,
+    one point per size of CURVE_SIDES, inputs rotated past twice the L2 as the cases'
+    are. Its last point (1 GiB a side) is the run's bandwidth ceiling. A copy *kernel*
+    (`torch.neg`): a graph-captured `copy_` becomes a memcpy node, which the H200 ran at
+    2.72 TB/s against 4.24 TB/s for an elementwise kernel (results/h200/NOTES.md)."""
     import torch
 
     from autotune.timing import rotation, time_graph
