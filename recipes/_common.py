@@ -6,6 +6,7 @@ call never synchronises with the device and stays CUDA-graph capturable.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterable
 
@@ -181,28 +182,19 @@ class _Workspace:
         return acc, cnt
 
 
-class _side_stream:
-    """On CUDA: run the block on a fresh stream ordered after the current one, and order
+@contextlib.contextmanager
+def _side_stream(device: torch.device):
+    """On CUDA: run the block on a fresh stream ordered after the current one, then order
     the current one after it (no host sync). Elsewhere: nothing."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.ctx = None
-
-    def __enter__(self):
-        if self.device.type == "cuda":
-            cur = torch.cuda.current_stream(self.device)
-            self.side = torch.cuda.Stream(self.device)
-            self.side.wait_stream(cur)
-            self.ctx = torch.cuda.stream(self.side)
-            self.ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-            torch.cuda.current_stream(self.device).wait_stream(self.side)
-        return False
+    if device.type != "cuda":
+        yield
+        return
+    cur = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        yield
+    cur.wait_stream(side)
 
 
 WORKSPACE = _Workspace()
