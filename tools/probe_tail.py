@@ -34,8 +34,16 @@ from autotune.timing import rotation, time_graph
 from recipes import _common as C
 from recipes import draft_tail as DT_MOD  # noqa: F401  (registers the recipe)
 from recipes._argmax_core import PACKED_EMPTY, chunk_argmax_packed, split_plan, unpack_index
-from recipes.draft_tail import (DraftTail, SPACE, _bytes, constraint, draft_tail,
-                                make_inputs, reference, tune_key)
+from recipes.draft_tail import (
+    SPACE,
+    DraftTail,
+    _bytes,
+    constraint,
+    draft_tail,
+    make_inputs,
+    reference,
+    tune_key,
+)
 
 
 @triton.jit
@@ -247,7 +255,7 @@ def main(path):
                                                         "draft_tokens": None}),
                          ("argmax only", {"token_map": None, "hidden": None,
                                           "positions": None, "draft_tokens": None})):
-            def fn(s, kw=kw):
+            def fn(s, kw=kw, best=best):
                 a = {"hidden": s["hidden"], "token_map": s["token_map"],
                      "positions": s["positions"], "draft_tokens": s["draft_tokens"]}
                 a.update(kw)
@@ -259,7 +267,7 @@ def main(path):
         # 2. the candidate kernel
         v2 = V2(B, dev)
         cands = set()
-        for t, cfg in res[:8]:
+        for _, cfg in res[:8]:
             cands.add((cfg["BLOCK_V"], cfg["SPLIT"], cfg["UNROLL"], cfg["num_warps"]))
         if B <= 8:
             for sp in (1, 2, 4, 8, 16, 32, 64):
@@ -281,17 +289,17 @@ def main(path):
                 tag = (f"v2 {bv:>5} split {split:>3} U{u} w{w:<2} combine {comb} "
                        f"map_pre {mp}")
                 try:
-                    bad = _check(lambda s, c=cfg: v2(s, c), master)
+                    bad = _check(lambda s, c=cfg, v2=v2: v2(s, c), master)
                 except Exception as e:  # noqa: BLE001
                     say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:120]}")
                     continue
                 if bad:
                     say(f"{tag}: WRONG {bad}")
                     continue
-                t = rec(lambda s, c=cfg: v2(s, c), sts)[0]
+                t = rec(lambda s, c=cfg, v2=v2: v2(s, c), sts)[0]
                 v2res.append((t, tag, cfg))
         v2res.sort(key=lambda t: t[0])
-        for t, tag, cfg in v2res[:12]:
+        for t, tag, _ in v2res[:12]:
             say(f"{tag} {t:7.2f}")
         for comb in (0, 1, 2):
             sel = [r for r in v2res if r[2]["COMBINE"] == comb and r[2]["MAP_PRE"] == 0]
@@ -299,7 +307,7 @@ def main(path):
                 say(f"best v2 with combine {comb}: {sel[0][1]} {sel[0][0]:7.2f}")
         if v2res:
             t, tag, cfg = v2res[0]
-            say(f"best v2 again: {tag} {fmt(rec(lambda s: v2(s, cfg), sts, twice=True))}")
+            say(f"best v2 again: {tag} {fmt(rec(lambda s, v2=v2, cfg=cfg: v2(s, cfg), sts, twice=True))}")
         del sts
 
 
