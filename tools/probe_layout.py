@@ -244,5 +244,42 @@ def main(path):
                 say(f"{cfg}: ERROR {type(e).__name__}: {str(e)[:160]}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and len(sys.argv) < 3:
     main(sys.argv[1] if len(sys.argv) > 1 else "probe-layout.txt")
+
+
+def splits(path):
+    """B=256: the recipe's layout with many programs a row (SPLIT 8-64), like the
+    read-only kernel's 8 KB programs, full and argmax only."""
+    dev = torch.device("cuda")
+    open(path, "w").close()
+
+    def say(s):
+        with open(path, "a") as f:
+            f.write(s + "\n")
+        print(s, flush=True)
+
+    for B, V, H in ((256, 151936, 4096),):
+        key = DT.tune_key(torch.bfloat16, V, B, H)
+        nb = DT._bytes(key)
+        sts = _states(key, dev, rotation(nb))
+        say(f"## B={B} V={V} H={H}: the recipe with many programs a row")
+        for bv in (1024, 2048, 4096):
+            for sp in (1, 8, 16, 32, 64, 128):
+                for w in (4, 8):
+                    for u in (1, 2):
+                        cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
+                               "num_stages": 1, "BLOCK_H": 4096}
+                        if not DT.constraint(cfg, key):
+                            continue
+                        ts = []
+                        for kw in ({}, {"token_map": None, "hidden": None,
+                                        "positions": None, "draft_tokens": None}):
+                            ts.append(time_graph(lambda s, c=cfg, kw=kw: run_recipe(s, c, **kw),
+                                                 sts, reps=30).p50)
+                        say(f"{bv:>5} split {split_plan(V, bv, sp)[0]:>3} U{u} w{w} "
+                            f"full {ts[0]:7.2f} argmax only {ts[1]:7.2f}")
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[2] == "splits":
+    splits(sys.argv[1])
