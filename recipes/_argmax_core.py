@@ -144,14 +144,23 @@ def split_constraint(config: dict, V: int) -> bool:
 
 
 def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
-    """Measured on the H200 (results/h200/NOTES.md): 16-byte loads; with too few rows to
-    fill the GPU, chunks for about two programs per SM with 4 warps; otherwise one
-    program per row, 16 warps and two tiles in flight (UNROLL=2)."""
+    """Measured on the H200 (results/h200/NOTES.md). With fewer rows than SMs the scan is
+    latency-bound: small tiles (1024 elements, 2048 from V = 65536; 2-8 KB a load) and
+    chunks for about two programs per SM, on 4 warps below 16 rows and 8 above, two tiles
+    in flight from 16 rows when a chunk has two: what the tuned argmax table of session 2
+    chose at 1-32 rows (the block size on 8 of 12 keys, the warps on 9), where the
+    previous rule's 4096-element bf16 tiles matched none of the six bf16 keys and ran them
+    4-29% slower than their tuned configs. With a row for every SM: one program per row,
+    16 warps, 16-byte loads and two tiles in flight (UNROLL=2)."""
+    if rows < sms:
+        block = 2048 if V >= 65536 else 1024
+        want = -(-2 * sms // max(1, rows))
+        n_tiles = -(-V // block)
+        split = min(1 << max(0, want - 1).bit_length(), 128,
+                    1 << max(0, n_tiles - 1).bit_length())
+        if split > 1:
+            tiles_per = split_plan(V, block, split)[1]
+            return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4 if rows < 16 else 8,
+                    "num_stages": 1, "UNROLL": 2 if rows >= 16 and tiles_per >= 2 else 1}
     block = 4096 if dtype_name in ("bfloat16", "float16") else 2048
-    want = -(-2 * sms // max(1, rows))
-    n_tiles = -(-V // block)
-    split = min(1 << max(0, want - 1).bit_length(), 128, 1 << max(0, n_tiles - 1).bit_length())
-    if split > 1:
-        return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
-                "UNROLL": 1}
     return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1, "UNROLL": 2}

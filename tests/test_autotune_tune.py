@@ -268,20 +268,23 @@ def test_quality_counts_only_complete_grids(tmp_path, fake, monkeypatch, capsys)
     stop is listed as incomplete and left out of the verdict; a later run resumes it."""
     from autotune import quality as Q
     monkeypatch.setenv("FAKE_SLOW_S", "0.05")
+    for kind in ("cpu", "cuda"):            # the same guess on either device
+        monkeypatch.setitem(Q.SECONDS_PER_CONFIG, kind, 0.5)
 
     def run(budget_s):
         path = Q.quality(_opts(tmp_path, recipes=["fake_slow"], budget_s=budget_s),
                          n_keys=2, seeds=1, min_grid=4, max_grid=100)
         return path.read_text(), json.loads(path.with_suffix(".json").read_text())
 
-    text, data = run(0.3)                  # 18 configs x 0.5 s (the CPU guess) > 0.3 s
+    text, data = run(0.3)                  # 18 configs x 0.5 s (the guess above) > 0.3 s
     assert "fake_slow[N=256,dtype=float32]: not started" in capsys.readouterr().err
     (inc,) = data["incomplete"]
     assert data["n_keys"] == 0 and inc["measured"] == 0 and inc["grid"] == 18
     # 18 configs x 0.5 s + 1 replay x 1 s
     assert inc["why"].startswith("not started: 18 configs need ~10 s")
     assert "0 of 18 configs measured (not started" in text
-    monkeypatch.setitem(Q.SECONDS_PER_CONFIG, "cpu", 0.0)   # now it is started ...
+    for kind in ("cpu", "cuda"):                             # now it is started ...
+        monkeypatch.setitem(Q.SECONDS_PER_CONFIG, kind, 0.0)
     monkeypatch.setattr(Q, "REPLAY_S", 0.0)
     text, data = run(0.3)                  # ... and cut: each config takes >= 0.1 s
     (inc,) = data["incomplete"]
