@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     if args.overhead and (cuda or args.overhead_only) and out is not None:
         ov = measure_overhead(suites, device, calls=200 if cuda else 3)
         ov["header"] = header
+        if wanted:                     # some suites again: the others' rows stay
+            ov = merge_overhead(_read(out / "overhead.json"), ov)
         write_json(out / "overhead.json", ov)
         print(f"bench: overhead measured in {time.perf_counter() - started:.1f} s")
     if not args.overhead_only:
@@ -646,6 +648,20 @@ def measure_overhead(suites: dict, device, calls: int = 200, log=print) -> dict:
     return {"rows": rows, "bare_triton_launch_us": bare, "calls": calls}
 
 
+def merge_overhead(old: dict | None, new: dict) -> dict:
+    """The overhead report of a run over some suites, with the rows of the other suites
+    kept from `old` (the same GPU only). Every row carries the date of the run that
+    measured it; the bare-launch floor is the new run's."""
+    date = (new.get("header") or {}).get("date")
+    rows = [dict(r, date=r.get("date") or date) for r in new["rows"]]
+    oh = (old or {}).get("header") or {}
+    if old and oh.get("gpu") == (new.get("header") or {}).get("gpu"):
+        mine = {r["suite"] for r in rows}
+        rows += [dict(r, date=r.get("date") or oh.get("date")) for r in old.get("rows", [])
+                 if r.get("suite") not in mine]
+    return {**new, "rows": sorted(rows, key=lambda r: r["suite"])}
+
+
 # ---------------------------------------------------------------------------------------
 # reports
 # ---------------------------------------------------------------------------------------
@@ -971,16 +987,20 @@ def overhead_md(ov: dict) -> str:
     head = ["recipe", "case", "ours: host us/call", "of which our Python",
             "Triton launch + rest", "ours + sync us", "torch eager: host us/call",
             "torch eager + sync us"]
+    dated = len({r.get("date") for r in ov["rows"]}) > 1     # rows from several runs
+    if dated:
+        head.append("measured")
     rows = []
     for r in ov["rows"]:
         if "error" in r and "ours_host_us" not in r:
-            rows.append([r["suite"], "", "error: " + r["error"]] + [""] * 5)
+            rows.append([r["suite"], "", "error: " + r["error"]] + [""] * 5
+                        + ([r.get("date")] if dated else []))
             continue
         lab = " ".join(f"{k}={v}" for k, v in (r.get("label") or {}).items())
         rest = r["ours_host_us"] - r["ours_python_us"]
         rows.append([r["suite"], lab, _us(r["ours_host_us"]), _us(r["ours_python_us"]),
                      _us(rest), _us(r["ours_sync_us"]), _us(r.get("torch_host_us")),
-                     _us(r.get("torch_sync_us"))])
+                     _us(r.get("torch_sync_us"))] + ([r.get("date")] if dated else []))
     bare = ov.get("bare_triton_launch_us")
     gpu = h.get("gpu", "?")
     text = [f"# Eager call overhead: {gpu}", "",

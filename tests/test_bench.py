@@ -160,6 +160,27 @@ def test_overhead_report(device):
     assert "| argmax" in text and "of which our Python" in text
 
 
+def test_overhead_rerun_of_some_suites_keeps_the_others():
+    def report(date, gpu, suites):
+        rows = [{"suite": n, "label": {"B": 1}, "ours_host_us": 40.0, "ours_python_us": 20.0,
+                 "ours_sync_us": 50.0} for n in suites]
+        return {"header": {**HEADER, "gpu": gpu, "date": date}, "rows": rows,
+                "bare_triton_launch_us": 12.0, "calls": 200}
+
+    old = report("day 1", "NVIDIA H200", ["argmax", "draft_tail", "relay"])
+    new = report("day 2", "NVIDIA H200", ["draft_tail"])
+    merged = bench.merge_overhead(old, new)
+    assert [(r["suite"], r["date"]) for r in merged["rows"]] == [
+        ("argmax", "day 1"), ("draft_tail", "day 2"), ("relay", "day 1")]
+    assert merged["header"]["date"] == "day 2"
+    text = bench.overhead_md(merged)
+    assert "| measured" in text and "day 1" in text and "day 2" in text
+    other_gpu = bench.merge_overhead(report("day 1", "NVIDIA A100", ["argmax"]), new)
+    assert [r["suite"] for r in other_gpu["rows"]] == ["draft_tail"]
+    assert "measured" not in bench.overhead_md(other_gpu)     # one run: no date column
+    assert [r["suite"] for r in bench.merge_overhead(None, new)["rows"]] == ["draft_tail"]
+
+
 def test_no_launch_skips_kernels(device):
     import recipes
 
