@@ -209,6 +209,31 @@ def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tu
     return entries, dropped
 
 
+def previous_config(path: Path, tunable, key: dict, device: torch.device,
+                    slug: str) -> dict | None:
+    """The config that the table already at `path` holds for `key`, when that table was
+    made over the same space on the same kind of device (its kernels may differ: the
+    tuner re-checks and re-times the config before it can be kept); else None."""
+    from .registry import key_str
+
+    if not Path(path).exists():
+        return None
+    try:
+        old = read_table(path)
+    except Exception:  # noqa: BLE001 - a damaged table has nothing to offer
+        return None
+    oh = old.get("header") or {}
+    if (oh.get("space_hash"), oh.get("slug"), bool(oh.get("interpreter"))) != (
+            tunable.space_hash(), slug, bool(device_info(device)["interpreter"])):
+        return None
+    want = key_str(key)
+    for e in old.get("entries", []):
+        cfg = e.get("config") or {}
+        if key_str(e.get("key") or {}) == want and all(k in cfg for k in tunable.space):
+            return {k: cfg[k] for k in tunable.space}
+    return None
+
+
 def _sort_key(key: dict):
     return tuple((k, (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool)
                   else (1, 0, str(v))) for k, v in sorted(key.items()))

@@ -11,9 +11,12 @@ Per key (a `Job`):
      `reference` on pristine copies of the inputs (fresh output allocations are poisoned
      first), then timed as serving engines call it: CUDA-graph replays after a GPU
      warm-up, inputs rotated when they fit in L2 (`autotune.timing`);
-  3. the best few configs and the heuristic's are checked and re-timed together, with
-     more replays; the fastest correct one is the key's entry, with the heuristic's and
-     torch's times for the same key (`finalize`).
+  3. the best few configs, the heuristic's and the config the table being replaced holds
+     for the key (same space and kind of device) are checked and re-timed together,
+     with more replays; the fastest correct one is the key's entry, with the
+     heuristic's and torch's times for the same key (`finalize`). So a re-tune with a
+     shorter budget never leaves a key slower than the table it rewrites, nor than the
+     heuristic (up to the noise of one run).
 The table is rewritten atomically after every key, so a killed tune keeps what it did.
 
 With no GPU the same pipeline runs under the Triton interpreter on the "smoke" keys with
@@ -72,7 +75,7 @@ from .search import (
     worker_id,
     wrong_configs,
 )
-from .tables import table_path, update_table
+from .tables import previous_config, table_path, update_table
 from .timing import Timing, rotation, time_eager, time_graph, time_wall
 
 # key-field aliases of the CLI options (recipes name their key fields themselves)
@@ -474,19 +477,26 @@ class Measurer:
 
 
 # --- finalising a key --------------------------------------------------------------------
-def finalize(job: Job, study, m: Measurer, opts: Options, log=print) -> dict | None:
-    """Re-check and re-time the best few configs and the heuristic together; the fastest
-    correct one (admitted by the space) is the entry."""
+def finalize(job: Job, study, m: Measurer, opts: Options, log=print,
+             previous: dict | None = None) -> dict | None:
+    """Re-check and re-time the best few configs, the heuristic and `previous` (the
+    config of the table being rewritten) together; the fastest correct one (admitted by
+    the space) is the entry, and `chosen_from` says which of the three it was."""
     t, key = job.tunable, job.key
     counts = study_counts(study)
     trials = ok_trials(study)
     heur = _heuristic(job, m.device)
     cands = [dict(info(tr)["config"]) for tr in trials[: max(1, opts.top)]]
-    heur_cfg = None
+    searched = {config_id(c) for c in cands}
+    heur_cfg = prev_cfg = None
     if heur is not None:
         heur_cfg = {k: heur[k] for k in t.space if k in heur}
         if config_id(heur_cfg) not in {config_id(c) for c in cands}:
             cands.append(heur_cfg)
+    if previous is not None and t.admits(previous, key):
+        prev_cfg = {k: previous[k] for k in t.space}
+        if config_id(prev_cfg) not in {config_id(c) for c in cands}:
+            cands.append(prev_cfg)
     results = {}
     rounds = 2 if m.cuda else 1
     reps = max(1, opts.final_reps // rounds)
@@ -520,6 +530,11 @@ def finalize(job: Job, study, m: Measurer, opts: Options, log=print) -> dict | N
         return None
     best_cfg, best = min(choosable, key=lambda ct: ct[1].p50)
     h = results.get(config_id(heur_cfg)) if heur_cfg is not None else None
+    p = results.get(config_id(prev_cfg)) if prev_cfg is not None else None
+    best_id = config_id(best_cfg)
+    chosen_from = ("search" if best_id in searched else
+                   "heuristic" if heur_cfg is not None and best_id == config_id(heur_cfg)
+                   else "previous table")
     torch_us, torch_mode = m.time_torch()
     full = {**(heur or {}), **best_cfg}
     entry = {
@@ -534,6 +549,8 @@ def finalize(job: Job, study, m: Measurer, opts: Options, log=print) -> dict | N
         "trials": {"evaluated": counts.evaluated, "wrong": counts.wrong,
                    "errors": counts.errors, "proposals": counts.proposals},
         "wrong_configs": wrong_configs(study),
+        "chosen_from": chosen_from,
+        "previous_config": prev_cfg, "previous_p50_us": _r(p[1].p50) if p else None,
         "study": job.study,
     }
     return entry
@@ -744,16 +761,19 @@ def _finalize_and_write(j, study, m, opts, device, slug, out_dir, written, progr
                         started: float | None = None):
     """Finalise the key, add its entry to the table, print its line (with the seconds
     since `started`: the key's whole time)."""
-    entry = finalize(j, study, m, opts, log=progress.write)
+    path = table_path(out_dir, slug, j.tunable.name)
+    entry = finalize(j, study, m, opts, log=progress.write,
+                     previous=previous_config(path, j.tunable, j.key, device, slug))
     if entry is None:
         return
-    path = table_path(out_dir, slug, j.tunable.name)
     update_table(path, j.tunable, device, slug, [entry])
     written[j.tunable.name] = str(path)
     hp = entry["heuristic_p50_us"]
     progress.write(
         f"  {j.label}: {entry['p50_us']:.2f} us {_short(entry['config'], j.tunable)}"
         + (f"  (heuristic {hp:.2f} us)" if hp else "")
+        + ("  (the previous table's config, re-timed)"
+           if entry["chosen_from"] == "previous table" else "")
         + f"  [{entry['trials']['evaluated']}/{entry['grid']} configs"
         + (f", {entry['trials']['wrong']} WRONG" if entry["trials"]["wrong"] else "")
         + (f", {m.unguarded} timings not shown free of host stalls" if m.unguarded else "")

@@ -45,7 +45,9 @@ def _rows(data: dict):
                _f(e.get("torch_p50_us")), _f(e.get("speedup_vs_torch"), 2),
                f"{tr.get('evaluated', '?')}/{e.get('grid', '?')} {e.get('mode', '')}"
                + (" (budget)" if e.get("budget_cut") else "")
-               + (f" WRONG:{tr['wrong']}" if tr.get("wrong") else "")]
+               + (f" WRONG:{tr['wrong']}" if tr.get("wrong") else "")
+               + (" (kept the previous table's)" if e.get("chosen_from") == "previous table"
+                  else "")]
 
 
 HEAD = ["key", "config", "p50 us", "p20-p80", "heuristic us", "x heur", "torch us",

@@ -86,6 +86,51 @@ def test_exhaustive_tune_checks_every_config(tmp_path, fake, capsys):
     assert h["interpreter"] == (not torch.cuda.is_available())
 
 
+def test_retune_keeps_a_faster_config_of_the_table_it_rewrites(tmp_path, fake, capsys):
+    """A re-tune re-times the config the old table holds for the key with its own
+    candidates: a shorter search does not replace a faster entry, and a wrong config in
+    the old table is re-checked and never kept."""
+    fast = {"BLOCK": 256, "W": 2, "S": 1}
+    orig = fake.SCALE.run
+
+    def run(x, cfg):          # every config but `fast` pays 2 ms: the timing is decisive
+        if {k: cfg[k] for k in fake.SPACE} != fast:
+            time.sleep(0.002)
+        return orig(x, cfg)
+
+    slug = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
+    path = tmp_path / slug / "fake_scale.json"
+
+    def retune_with_table_config(cfg):
+        tab = _table(tmp_path)
+        tab["entries"][0]["config"].update(cfg)      # as an earlier tune could have left
+        path.write_text(json.dumps(tab))
+        (tmp_path / slug / "studies.db").unlink()    # a fresh search: the heuristic only
+        tune(_opts(tmp_path, trials=1))
+        (e,) = _table(tmp_path)["entries"]
+        return e
+
+    fake.SCALE.run = run
+    try:
+        tune(_opts(tmp_path, trials=1))
+        (e,) = _table(tmp_path)["entries"]
+        assert {k: e["config"][k] for k in fake.SPACE} == fake.heuristic(KEY, None)
+        assert e["chosen_from"] == "search" and e["previous_config"] is None
+        capsys.readouterr()
+        e = retune_with_table_config(fast)
+        assert {k: e["config"][k] for k in fake.SPACE} == fast
+        assert e["chosen_from"] == "previous table" and e["previous_config"] == fast
+        assert e["previous_p50_us"] == e["p50_us"]
+        assert e["p50_us"] < e["heuristic_p50_us"]
+        assert "the previous table's config, re-timed" in capsys.readouterr().err
+        e = retune_with_table_config(fake.WRONG)
+        assert {k: e["config"][k] for k in fake.SPACE} == fake.heuristic(KEY, None)
+        assert e["chosen_from"] == "search" and e["previous_p50_us"] is None
+        assert "failed in the final check" in capsys.readouterr().err
+    finally:
+        fake.SCALE.run = orig
+
+
 def test_sampled_tune_resumes_from_the_store(tmp_path, fake):
     """A second run continues the same study: no finished trial is run again."""
     calls = []
