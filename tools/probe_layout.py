@@ -33,7 +33,7 @@ from recipes._argmax_core import PACKED_EMPTY, chunk_argmax_packed, split_plan, 
 
 DT = importlib.import_module("recipes.draft_tail")
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from probe_tail import _check, _clone, _states  # noqa: E402
+from probe_tail import _check, _clone, _states, rec, sayer  # noqa: E402
 
 
 @triton.jit
@@ -151,77 +151,71 @@ def run_recipe(st, cfg, **kw):
                          config=cfg, **a)
 
 
+def _layouts(say, dev, sms, B, V, H):
+    """Part 1-3 for one shape: the read ceiling, the recipe, hidden last, balanced."""
+    key = DT.tune_key(torch.bfloat16, V, B, H)
+    nb = DT._bytes(key)
+    sts = _states(key, dev, rotation(nb))
+    master = _clone(sts[0])
+    ws = Ws(B, dev)
+    say(f"## B={B} V={V} H={H} bf16: {nb / 1e6:.2f} MB; floor at 4.24 TB/s "
+        f"{nb / 4.24e6:.2f} us; 85% of it: {nb / 4.24e6 / 0.85:.2f} us")
+    xs = [torch.randn(nb // 2, device=dev).to(torch.bfloat16)
+          for _ in range(rotation(nb))]
+    part = torch.empty(C.cdiv(nb // 2, 4096), device=dev)
+    t = rec(lambda x: _readsum[(C.cdiv(nb // 2, 4096),)](x, part, nb // 2, BLOCK=4096,
+                                                           num_warps=4), xs, twice=True)
+    say(f"read-only, 8 KB a program, same bytes        {t[0]:7.2f} {t[1]:7.2f} "
+        f"({nb / t[0] / 1e6:.2f} TB/s)")
+    res = []
+
+    def trial(tag, fn):
+        try:
+            bad = _check(fn, master)
+        except Exception as e:  # noqa: BLE001
+            say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
+            return
+        if bad:
+            say(f"{tag}: WRONG {bad}")
+            return
+        t = rec(fn, sts)[0]
+        res.append((t, tag, fn))
+        say(f"{tag:<48} {t:7.2f}")
+
+    base = [(4096, 1, 2, 16), (4096, 2, 1, 16), (2048, 2, 1, 16), (8192, 1, 1, 16),
+            (1024, 4, 1, 8), (4096, 1, 2, 8)]
+    for bv, sp, u, w in base:
+        cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
+               "num_stages": 1, "BLOCK_H": 4096}
+        trial(f"recipe {bv} split {sp} U{u} w{w}",
+              lambda s, c=cfg: run_recipe(s, c))
+        for bh in (2048, 4096, 8192):
+            trial(f"hidden last {bv} split {sp} U{u} w{w} BLOCK_H {bh}",
+                  lambda s, c={**cfg, "BLOCK_H": bh}: run_hlast(s, c, ws))
+    for bv, u, w in ((4096, 2, 16), (4096, 1, 16), (2048, 2, 16), (4096, 2, 8),
+                     (2048, 2, 8), (8192, 1, 16)):
+        for k in (1, 2, 3, 4):
+            G = k * sms
+            if B == 64 and k > 2 and w == 16:
+                continue
+            cfg = {"BLOCK_V": bv, "UNROLL": u, "num_warps": w, "G": G, "BLOCK_H": 4096}
+            trial(f"balanced {bv} U{u} w{w} G={G}", lambda s, c=cfg: run_bal(s, c, ws))
+    res.sort(key=lambda r: r[0])
+    for _, tag, fn in res[:3]:
+        tt = rec(fn, sts, twice=True)
+        say(f"best again: {tag:<40} {tt[0]:7.2f} {tt[1]:7.2f} "
+            f"({nb / tt[0] / 1e6:.2f} TB/s, {nb / tt[0] / 4.24e6:.0%})")
+
+
 def main(path):
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    open(path, "w").close()
-
-    def say(s):
-        with open(path, "a") as f:
-            f.write(s + "\n")
-        print(s, flush=True)
-
-    def rec(fn, sts, twice=False):
-        t = time_graph(fn, sts, reps=30).p50
-        return (t, time_graph(fn, sts, reps=30, warm_gpu=False).p50) if twice else (t,)
+    say = sayer(path)
 
     say(f"# {torch.cuda.get_device_name(dev)} ({sms} SMs); torch {torch.__version__}, "
         f"triton {triton.__version__}; graph-replay medians in us")
     for B, V, H in ((256, 151936, 4096), (256, 151936, 7168), (64, 151936, 4096)):
-        key = DT.tune_key(torch.bfloat16, V, B, H)
-        nb = DT._bytes(key)
-        sts = _states(key, dev, rotation(nb))
-        master = _clone(sts[0])
-        ws = Ws(B, dev)
-        say(f"## B={B} V={V} H={H} bf16: {nb / 1e6:.2f} MB; floor at 4.24 TB/s "
-            f"{nb / 4.24e6:.2f} us; 85% of it: {nb / 4.24e6 / 0.85:.2f} us")
-        xs = [torch.randn(nb // 2, device=dev).to(torch.bfloat16)
-              for _ in range(rotation(nb))]
-        part = torch.empty(C.cdiv(nb // 2, 4096), device=dev)
-        t = rec(lambda x: _readsum[(C.cdiv(nb // 2, 4096),)](x, part, nb // 2, BLOCK=4096,
-                                                               num_warps=4), xs, twice=True)
-        say(f"read-only, 8 KB a program, same bytes        {t[0]:7.2f} {t[1]:7.2f} "
-            f"({nb / t[0] / 1e6:.2f} TB/s)")
-        del xs, part
-        res = []
-
-        def trial(tag, fn):
-            try:
-                bad = _check(fn, master)
-            except Exception as e:  # noqa: BLE001
-                say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
-                return
-            if bad:
-                say(f"{tag}: WRONG {bad}")
-                return
-            t = rec(fn, sts)[0]
-            res.append((t, tag, fn))
-            say(f"{tag:<48} {t:7.2f}")
-
-        base = [(4096, 1, 2, 16), (4096, 2, 1, 16), (2048, 2, 1, 16), (8192, 1, 1, 16),
-                (1024, 4, 1, 8), (4096, 1, 2, 8)]
-        for bv, sp, u, w in base:
-            cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
-                   "num_stages": 1, "BLOCK_H": 4096}
-            trial(f"recipe {bv} split {sp} U{u} w{w}",
-                  lambda s, c=cfg: run_recipe(s, c))
-            for bh in (2048, 4096, 8192):
-                trial(f"hidden last {bv} split {sp} U{u} w{w} BLOCK_H {bh}",
-                      lambda s, c={**cfg, "BLOCK_H": bh}: run_hlast(s, c, ws))
-        for bv, u, w in ((4096, 2, 16), (4096, 1, 16), (2048, 2, 16), (4096, 2, 8),
-                         (2048, 2, 8), (8192, 1, 16)):
-            for k in (1, 2, 3, 4):
-                G = k * sms
-                if B == 64 and k > 2 and w == 16:
-                    continue
-                cfg = {"BLOCK_V": bv, "UNROLL": u, "num_warps": w, "G": G, "BLOCK_H": 4096}
-                trial(f"balanced {bv} U{u} w{w} G={G}", lambda s, c=cfg: run_bal(s, c, ws))
-        res.sort(key=lambda r: r[0])
-        for t, tag, fn in res[:3]:
-            tt = rec(fn, sts, twice=True)
-            say(f"best again: {tag:<40} {tt[0]:7.2f} {tt[1]:7.2f} "
-                f"({nb / tt[0] / 1e6:.2f} TB/s, {nb / tt[0] / 4.24e6:.0%})")
-        del sts, master
+        _layouts(say, dev, sms, B, V, H)
 
     B, V, H = 1, 32000, 4096
     key = DT.tune_key(torch.bfloat16, V, B, H)
@@ -252,12 +246,7 @@ def splits(path):
     """B=256: the recipe's layout with many programs a row (SPLIT 8-64), like the
     read-only kernel's 8 KB programs, full and argmax only."""
     dev = torch.device("cuda")
-    open(path, "w").close()
-
-    def say(s):
-        with open(path, "a") as f:
-            f.write(s + "\n")
-        print(s, flush=True)
+    say = sayer(path)
 
     for B, V, H in ((256, 151936, 4096),):
         key = DT.tune_key(torch.bfloat16, V, B, H)

@@ -200,18 +200,26 @@ def _check(fn, master):
     return bad or None
 
 
-def main(path):
-    dev = torch.device("cuda")
+def sayer(path):
+    """A print that also appends to `path` (emptied first), so a cut run keeps its lines."""
     open(path, "w").close()
 
     def say(s):
         with open(path, "a") as f:
             f.write(s + "\n")
         print(s, flush=True)
+    return say
 
-    def rec(fn, sts, twice=False):
-        t = time_graph(fn, sts, reps=30).p50
-        return (t, time_graph(fn, sts, reps=30, warm_gpu=False).p50) if twice else (t,)
+
+def rec(fn, sts, twice=False):
+    """Graph-replay median of fn over the input sets (twice: a second, independent one)."""
+    t = time_graph(fn, sts, reps=30).p50
+    return (t, time_graph(fn, sts, reps=30, warm_gpu=False).p50) if twice else (t,)
+
+
+def main(path):
+    dev = torch.device("cuda")
+    say = sayer(path)
 
     def fmt(ts):
         return " ".join(f"{t:7.2f}" for t in ts)
@@ -307,7 +315,8 @@ def main(path):
                 say(f"best v2 with combine {comb}: {sel[0][1]} {sel[0][0]:7.2f}")
         if v2res:
             t, tag, cfg = v2res[0]
-            say(f"best v2 again: {tag} {fmt(rec(lambda s, v2=v2, cfg=cfg: v2(s, cfg), sts, twice=True))}")
+            again = rec(lambda s, v2=v2, cfg=cfg: v2(s, cfg), sts, twice=True)
+            say(f"best v2 again: {tag} {fmt(again)}")
         del sts
 
 
