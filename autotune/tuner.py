@@ -672,6 +672,10 @@ def tune(opts: Options) -> dict:
           f"budget {opts.budget_s or 'none'} s; workers {opts.workers}", file=sys.stderr)
     for j in jobs:
         prepare(j, storage, opts, device)
+    # the configs the tables hold now, read before the first key rewrites them (a table
+    # made by other kernels loses its other keys' entries at that rewrite)
+    previous = {j.label: previous_config(table_path(out_dir, slug, j.tunable.name),
+                                         j.tunable, j.key, device, slug) for j in jobs}
     progress = Progress(sum(j.target for j in jobs), opts.progress)
     written: dict = {}
     if opts.workers > 1:
@@ -686,7 +690,8 @@ def tune(opts: Options) -> dict:
             progress.describe(f"final {j.label}")
             study = load(j, storage, opts, device)
             _finalize_and_write(j, study, Measurer(j.tunable, j.key, device, opts), opts,
-                                device, slug, out_dir, written, progress, started=k0)
+                                device, slug, out_dir, written, progress, started=k0,
+                                previous=previous[j.label])
     else:
         budget = Budget(opts.budget_s, [weight(j, opts) for j in jobs], fixed_guess(device),
                         start=t0)
@@ -708,7 +713,7 @@ def tune(opts: Options) -> dict:
                 search_s = time.monotonic() - s0
                 progress.shrink(j.target - min(j.target, counts.evaluated))
                 _finalize_and_write(j, study, m, opts, device, slug, out_dir, written,
-                                    progress, started=k0)
+                                    progress, started=k0, previous=previous[j.label])
                 budget.finished(time.monotonic() - k0, search_s)
         finally:
             if pc is not None:
@@ -758,12 +763,12 @@ def _say(progress: Progress | None, msg: str) -> None:
 
 
 def _finalize_and_write(j, study, m, opts, device, slug, out_dir, written, progress,
-                        started: float | None = None):
-    """Finalise the key, add its entry to the table, print its line (with the seconds
-    since `started`: the key's whole time)."""
+                        started: float | None = None, previous: dict | None = None):
+    """Finalise the key (with `previous`, the config its table held before this run),
+    add its entry to the table, print its line (with the seconds since `started`: the
+    key's whole time)."""
     path = table_path(out_dir, slug, j.tunable.name)
-    entry = finalize(j, study, m, opts, log=progress.write,
-                     previous=previous_config(path, j.tunable, j.key, device, slug))
+    entry = finalize(j, study, m, opts, log=progress.write, previous=previous)
     if entry is None:
         return
     update_table(path, j.tunable, device, slug, [entry])

@@ -110,6 +110,7 @@ def test_retune_keeps_a_faster_config_of_the_table_it_rewrites(tmp_path, fake, c
         (e,) = _table(tmp_path)["entries"]
         return e
 
+    sources = fake.SCALE.sources
     fake.SCALE.run = run
     try:
         tune(_opts(tmp_path, trials=1))
@@ -127,8 +128,25 @@ def test_retune_keeps_a_faster_config_of_the_table_it_rewrites(tmp_path, fake, c
         assert {k: e["config"][k] for k in fake.SPACE} == fake.heuristic(KEY, None)
         assert e["chosen_from"] == "search" and e["previous_p50_us"] is None
         assert "failed in the final check" in capsys.readouterr().err
+        # other kernels (a new source hash): the first key's rewrite drops the other
+        # keys' old entries, yet every key is still offered its old config
+        two = {"N": [128, 256]}
+        (tmp_path / slug / "studies.db").unlink()
+        tune(_opts(tmp_path, trials=1, overrides=two))
+        tab = _table(tmp_path)
+        assert len(tab["entries"]) == 2
+        for e in tab["entries"]:
+            e["config"].update(fast if e["key"]["N"] == 256 else {"BLOCK": 128, "W": 2})
+        path.write_text(json.dumps(tab))
+        (tmp_path / slug / "studies.db").unlink()
+        fake.SCALE.sources = (*fake.SCALE.sources, _opts)       # the kernels changed
+        tune(_opts(tmp_path, trials=1, overrides=two))
+        tab = _table(tmp_path)
+        assert tab["header"]["source_hash"] == fake.SCALE.source_hash()
+        prev = {e["key"]["N"]: e["previous_config"] for e in tab["entries"]}
+        assert prev[256] == fast and prev[128]["BLOCK"] == 128, prev
     finally:
-        fake.SCALE.run = orig
+        fake.SCALE.run, fake.SCALE.sources = orig, sources
 
 
 def test_sampled_tune_resumes_from_the_store(tmp_path, fake):
