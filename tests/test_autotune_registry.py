@@ -55,7 +55,12 @@ def test_hashes_and_keys(fake):
     assert key_str({"V": 3, "dtype": "x", "B": 1}) == "B=1,V=3,dtype=x"
     assert outputs_equal((torch.ones(2), None), (torch.ones(2), None))
     assert not outputs_equal(torch.ones(2), torch.ones(2, dtype=torch.float64))
-    assert not outputs_equal(torch.zeros(1), torch.tensor([-0.0]).neg().neg() + 1)
+    assert not outputs_equal(torch.zeros(1), torch.tensor([-0.0]))       # bits, not values
+    assert not outputs_equal(torch.zeros(1, dtype=torch.bfloat16),
+                             torch.tensor([-0.0], dtype=torch.bfloat16))
+    nan = torch.tensor([float("nan"), 1.0])
+    assert outputs_equal(nan, nan.clone())                  # the same NaN bits are equal
+    assert not outputs_equal(torch.zeros(1), torch.ones(1))
 
 
 def test_encoding_roundtrip():
