@@ -6,19 +6,27 @@ from pathlib import Path
 
 from .dispatch import results_root
 from .registry import key_str
-from .tables import read_table
+from .tables import FORMAT, read_table
 
 _SKIP = {"key", "config", "heuristic_config", "wrong_configs", "study"}
 
 
 def _tables(root: Path | None, slug: str, recipes: list[str] | None):
+    """The tuned tables of a results folder: its JSON files that say they are one (the
+    folder also holds benchmark and quality reports); a table that cannot be read is
+    reported, not skipped."""
+    import json
+
     folder = Path(root or results_root()) / slug
     paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
     for p in paths:
-        if p.name.startswith(".") or p.stem.startswith("tuner-quality"):
+        if p.name.startswith(".") or (recipes and p.stem not in recipes):
             continue
-        if recipes and p.stem not in recipes:
-            continue
+        try:
+            if json.loads(p.read_text()).get("format") != FORMAT:
+                continue
+        except Exception:  # noqa: BLE001 - a damaged file: read_table says why below
+            pass
         try:
             yield p, read_table(p), None
         except Exception as exc:  # noqa: BLE001

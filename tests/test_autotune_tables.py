@@ -169,3 +169,19 @@ def test_header_fields(fake):
         assert f in h, f
     assert h["interpreter"] is True and "INTERPRETER" in h["label"]
     assert h["space_hash"] == fake.SCALE.space_hash()
+
+
+def test_views_list_tables_only(results, fake):
+    """`show` and `report` list the tuned tables of a folder, not the benchmark and
+    quality reports next to them; a damaged table is reported as unreadable."""
+    from autotune import views
+
+    _write(results, "x", fake.SCALE, [_entry({"dtype": "float32", "N": 256},
+                                             {"BLOCK": 64, "W": 2, "S": 1})])
+    (results / "x" / "BENCH.json").write_text(json.dumps({"gpu": "Test GPU", "suites": []}))
+    (results / "x" / "overhead.json").write_text(json.dumps({"rows": []}))
+    (results / "x" / "broken.json").write_text("{not json")
+    text = views.report_markdown(results, "x")
+    assert "fake_scale" in text and "N=256" in text
+    assert "BENCH" not in text and "overhead" not in text
+    assert "broken" in text
