@@ -279,6 +279,17 @@ def test_draft_extend_matches_model(device):
     assert_equal(got[1], want[1], "topk_index without side tensors")
     got = S.draft_extend_topk1_postprocess(x, rows, hidden[:R])
     assert_equal(got[2], want[2], "hidden only")
+    # out-of-range rows: the nearest logits/hidden row, zeros for DSA (even where the DSA
+    # tensor has a row at that index)
+    bad = torch.tensor([-1, R, R + 2], dtype=torch.int64, device=device)
+    got = S.draft_extend_topk1_postprocess(x, bad, hidden_states=hidden,
+                                           dsa_topk_indices=dsa)
+    near = torch.tensor([0, R - 1, R - 1], device=device)
+    assert_equal(got[2], hidden[near], "hidden, rows out of range")
+    assert_equal(got[3], torch.zeros(3, D, dtype=dsa.dtype, device=device),
+                 "dsa, rows out of range")
+    with pytest.raises(ValueError, match="dsa_topk_indices.*at least 6 rows"):
+        S.draft_extend_topk1_postprocess(x, rows, dsa_topk_indices=dsa[:5])
 
 
 def test_draft_extend_empty(device):

@@ -240,11 +240,15 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
     if dsa_topk_indices is not None:
         C.check_tensor("dsa_topk_indices", dsa_topk_indices, ndim=2,
                        device=row_indices.device)
+        if dsa_topk_indices.shape[0] < R:
+            raise ValueError(f"dsa_topk_indices: expected at least {R} rows (one per logits "
+                             f"row), got shape {tuple(dsa_topk_indices.shape)}")
         B = row_indices.shape[0]
         dsa = torch.empty((B, dsa_topk_indices.shape[1]), dtype=dsa_topk_indices.dtype,
                           device=row_indices.device)
-        if B and dsa.shape[1]:
-            relay_gather(row_indices, [(dsa_topk_indices, dsa)])
+        # only the first R rows are addressable, as for hidden_states: an index outside
+        # [0, R) gathers zeros (relay_gather's rule), never a row past the logits
+        relay_gather(row_indices, [(dsa_topk_indices[:R], dsa)])
     return r.probs.unsqueeze(1), r.tokens.unsqueeze(1), r.hidden, dsa
 
 
