@@ -177,7 +177,7 @@ def draft_tail(logits: torch.Tensor, *, rows=None, hidden=None, token_map=None,
 @torch.library.custom_op(_LIB + "relay_scatter", mutates_args=("dsts",))
 def _relay_scatter_op(index: torch.Tensor, srcs: list[torch.Tensor],
                       dsts: list[torch.Tensor]) -> None:
-    _recipes().relay_scatter(index, list(zip(srcs, dsts, strict=False)))
+    _recipes().relay_scatter(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
 
 
 @_relay_scatter_op.register_fake
@@ -188,7 +188,7 @@ def _(index, srcs, dsts):
 @torch.library.custom_op(_LIB + "relay_gather", mutates_args=("dsts",))
 def _relay_gather_op(index: torch.Tensor, srcs: list[torch.Tensor],
                      dsts: list[torch.Tensor]) -> None:
-    _recipes().relay_gather(index, list(zip(srcs, dsts, strict=False)))
+    _recipes().relay_gather(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
 
 
 @_relay_gather_op.register_fake
@@ -196,26 +196,36 @@ def _(index, srcs, dsts):
     return None
 
 
-def _split_fields(fields):
-    fields = list(fields)
-    for i, f in enumerate(fields):
-        if not isinstance(f, (tuple, list)) or len(f) != 2:
-            raise TypeError(f"fields[{i}]: expected a (src, dst) pair of tensors, "
-                            f"got {type(f).__name__}")
-    return [f[0] for f in fields], [f[1] for f in fields]
+def _zip_pairs(a: list, b: list, name_a: str, name_b: str) -> list:
+    """The ops take two parallel lists; a pair per position, or an error when the lists
+    differ in length (zip would drop the extra ones silently)."""
+    if len(a) != len(b):
+        raise ValueError(f"{name_a}, {name_b}: expected lists of the same length, got "
+                         f"{len(a)} and {len(b)}")
+    return list(zip(a, b, strict=True))
+
+
+def _split_pairs(pairs, name: str, what: str):
+    """[(x, y), ...] -> ([x, ...], [y, ...]), each item checked to be a pair."""
+    pairs = list(pairs)
+    for i, p in enumerate(pairs):
+        if not isinstance(p, (tuple, list)) or len(p) != 2:
+            raise TypeError(f"{name}[{i}]: expected a {what} pair of tensors, "
+                            f"got {type(p).__name__}")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def relay_scatter(index: torch.Tensor, fields) -> None:
     """`recipes.relay_scatter` as a custom op: `dst[index[b]] = src[b]` for each
     (src, dst) pair, in place."""
-    srcs, dsts = _split_fields(fields)
+    srcs, dsts = _split_pairs(fields, "fields", "(src, dst)")
     torch.ops.spec_cookbook.relay_scatter(index, srcs, dsts)
 
 
 def relay_gather(index: torch.Tensor, fields) -> None:
     """`recipes.relay_gather` as a custom op: `dst[b] = src[index[b]]` (zeros for an
     index out of range) for each (src, dst) pair, in place."""
-    srcs, dsts = _split_fields(fields)
+    srcs, dsts = _split_pairs(fields, "fields", "(src, dst)")
     torch.ops.spec_cookbook.relay_gather(index, srcs, dsts)
 
 
@@ -284,7 +294,7 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
 # --- copy_inputs -----------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "copy_inputs", mutates_args=("dsts",))
 def _copy_inputs_op(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    _recipes().copy_inputs(list(zip(dsts, srcs, strict=False)))
+    _recipes().copy_inputs(_zip_pairs(dsts, srcs, "dsts", "srcs"))
 
 
 @_copy_inputs_op.register_fake
@@ -294,12 +304,8 @@ def _(dsts, srcs):
 
 def copy_inputs(pairs) -> None:
     """`recipes.copy_inputs` as a custom op: copies each (dst, src) pair, in place."""
-    pairs = list(pairs)
-    for i, p in enumerate(pairs):
-        if not isinstance(p, (tuple, list)) or len(p) != 2:
-            raise TypeError(f"pairs[{i}]: expected a (dst, src) pair of tensors, "
-                            f"got {type(p).__name__}")
-    torch.ops.spec_cookbook.copy_inputs([p[0] for p in pairs], [p[1] for p in pairs])
+    dsts, srcs = _split_pairs(pairs, "pairs", "(dst, src)")
+    torch.ops.spec_cookbook.copy_inputs(dsts, srcs)
 
 
 OPS = ("argmax", "chain_verify", "draft_tail", "relay_scatter", "relay_gather",

@@ -162,6 +162,11 @@ def test_relay_scatter_op(device):
     assert_equal(s, want[0].sum(), "sum after scatter")
     opcheck(torch.ops.spec_cookbook.relay_scatter.default,
             (index, srcs, [p.clone() for p in pools]))
+    # the raw op takes two lists: a field without its partner is an error, not dropped
+    with pytest.raises(ValueError, match="srcs, dsts.*same length.*2 and 1"):
+        torch.ops.spec_cookbook.relay_scatter(index, srcs, pools[:1])
+    with pytest.raises(TypeError, match="fields\\[1\\].*\\(src, dst\\) pair"):
+        ops.relay_scatter(index, [(srcs[0], pools[0]), srcs[1]])
 
 
 def test_relay_gather_op(device):
@@ -233,6 +238,10 @@ def test_copy_inputs_op(device):
                      s.view(torch.uint8) if s.dtype == torch.bfloat16 else s, f"pair {i}")
     opcheck(torch.ops.spec_cookbook.copy_inputs.default,
             ([torch.zeros_like(s) for s in srcs[:2]], srcs[:2]))
+    with pytest.raises(ValueError, match="dsts, srcs.*same length.*1 and 2"):
+        torch.ops.spec_cookbook.copy_inputs(dsts[:1], srcs[:2])
+    with pytest.raises(TypeError, match="pairs\\[0\\].*\\(dst, src\\) pair"):
+        ops.copy_inputs([dsts[0]])
 
 
 # --- CUDA graphs through torch.compile -------------------------------------------------
