@@ -83,7 +83,11 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     """Launch on validated tensors (2-D logits, out int64 [R])."""
     R, V = logits.shape
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
-    acc, cnt = C.WORKSPACE.get(logits.device, R, R)
+    # the stage-2 scratch only where rows are split (a row a program never touches it, so
+    # it need not grow, inside a graph capture least of all)
+    acc = cnt = out
+    if split > 1:
+        acc, cnt = C.WORKSPACE.get(logits.device, R, R)
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
         ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],

@@ -264,7 +264,9 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
     R, V = logits.shape
     B = tokens.shape[0]
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
-    acc, cnt = C.WORKSPACE.get(logits.device, B, B)
+    acc = cnt = tokens              # never read with one chunk a row (see launch_argmax)
+    if split > 1:
+        acc, cnt = C.WORKSPACE.get(logits.device, B, B)
     H = hidden.shape[1] if hidden is not None else 0
     h_tiles = C.cdiv(H, cfg["BLOCK_H"]) if hidden is not None else 0
     n_hidden = B * h_tiles

@@ -55,6 +55,24 @@ def test_repeated_calls_reuse_workspace(device):
         assert_equal(recipes.argmax(x, config={**SMALL, "SPLIT": 8}), A.reference(x), str(seed))
 
 
+def test_one_chunk_a_row_leaves_the_workspace_alone(device):
+    """With a program a row there is no stage 2: the scratch is neither used nor grown
+    (so such a call may be captured at any batch without a warm-up)."""
+    from recipes import _common as C
+
+    dev = torch.device(device.type, torch.cuda.current_device() if ON_GPU else None)
+    have = C.WORKSPACE._bufs.get((dev.type, dev.index))
+    R = 2 * (have[2] if have else 1024)
+    x = torch.randn(R, 64, device=dev)
+    one = {"BLOCK_V": 1024, "SPLIT": 1, "UNROLL": 1, "num_warps": 4}
+    assert_equal(recipes.argmax(x, config=one), torch.argmax(x, 1), "one chunk a row")
+    assert C.WORKSPACE._bufs.get((dev.type, dev.index)) is have
+    rows = torch.arange(R, device=dev)
+    res = recipes.draft_tail(x, rows=rows, config=one)
+    assert_equal(res.tokens, torch.argmax(x, 1), "draft_tail, one chunk a row")
+    assert C.WORKSPACE._bufs.get((dev.type, dev.index)) is have
+
+
 @pytest.mark.parametrize("part", range(4))
 def test_every_config(device, part):
     key = {"dtype": "bfloat16", "V": 4100, "R": 3}
@@ -107,12 +125,14 @@ def test_workspace_cannot_grow_inside_a_capture(device):
     dev = torch.device(device.type, torch.cuda.current_device())
     have = C.WORKSPACE._bufs.get((dev.type, dev.index))
     R = 2 * (have[2] if have else 1024)
-    x = torch.randn(R, 8, device=dev).to(torch.bfloat16)
+    x = torch.randn(R, 2048, device=dev).to(torch.bfloat16)
     out = torch.empty(R, dtype=torch.int64, device=dev)
-    recipes.argmax(x[:1], out=out[:1])      # compile outside the capture
+    split = {"BLOCK_V": 1024, "SPLIT": 2, "UNROLL": 1, "num_warps": 4}   # uses the scratch
+    recipes.argmax(x[:1], out=out[:1], config=split)      # compile outside the capture
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="warm-up"):
         with torch.cuda.graph(g):
-            recipes.argmax(x, out=out)
+            recipes.argmax(x, out=out, config=split)
     del g
-    assert_equal(recipes.argmax(x, out=out), torch.argmax(x, 1), "after the warm-up")
+    assert_equal(recipes.argmax(x, out=out, config=split), torch.argmax(x, 1),
+                 "after the warm-up")
