@@ -35,9 +35,9 @@ class Precompiler:
         self.mode.raw_futures = [f for f in self.mode.raw_futures if not f.cancelled()]
 
     def submit(self, job, inputs, order: list[dict]) -> None:
-        """Queue compiles of the job's configs in `order` (the likely trial order: the
-        heuristic's first, then the grid in the seeded order the tuner uses), at most
-        `max_per_job` of them."""
+        """Queue compiles of the job's configs in `order` (a guess at the trial order: the
+        heuristic's first, then the grid in a seeded shuffle; TPE picks its own order
+        after its first trials), at most `max_per_job` of them."""
         if not self.enabled:
             return
         try:

@@ -1,7 +1,7 @@
 """`python -m autotune quality`: how good is the tuner's search? For a set of keys, measure
 every config of the space (the exhaustive optimum), then replay the tuner's Optuna search
-(same sampler, same seeding, heuristic enqueued first, duplicates memoised) over those
-measured times with several seeds, and report how many trials it needed to come within
+(same sampler, heuristic enqueued first, duplicates memoised) over those measured times
+with several seeds (`--seed` * 101 + replay), and report how many trials it needed to come within
 3% of the optimum and what it found with the trial count `tune` uses (30% of the grid).
 
 Writes `results/<gpu-slug>/tuner-quality.md` and `.json`.

@@ -209,29 +209,33 @@ def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tu
     return entries, dropped
 
 
-def previous_config(path: Path, tunable, key: dict, device: torch.device,
-                    slug: str) -> dict | None:
-    """The config that the table already at `path` holds for `key`, when that table was
-    made over the same space on the same kind of device (its kernels may differ: the
-    tuner re-checks and re-times the config before it can be kept); else None."""
+def previous_configs(path: Path, tunable, device: torch.device, slug: str) -> dict:
+    """{key_str: config} of the table already at `path`, when that table was made over
+    the same space on the same kind of device (its kernels may differ: the tuner
+    re-checks and re-times a config before it can be kept); else {}."""
     from .registry import key_str
 
+    old = _read_or_none(path)
+    oh = (old or {}).get("header") or {}
+    if not old or (oh.get("space_hash"), oh.get("slug"), bool(oh.get("interpreter"))) != (
+            tunable.space_hash(), slug, device.type != "cuda"):
+        return {}
+    out = {}
+    for e in old.get("entries", []):
+        cfg = e.get("config") or {}
+        if all(k in cfg for k in tunable.space):
+            out[key_str(e.get("key") or {})] = {k: cfg[k] for k in tunable.space}
+    return out
+
+
+def _read_or_none(path: Path) -> dict | None:
+    """The table at `path`, or None when there is none or it cannot be read."""
     if not Path(path).exists():
         return None
     try:
-        old = read_table(path)
+        return read_table(path)
     except Exception:  # noqa: BLE001 - a damaged table has nothing to offer
         return None
-    oh = old.get("header") or {}
-    if (oh.get("space_hash"), oh.get("slug"), bool(oh.get("interpreter"))) != (
-            tunable.space_hash(), slug, bool(device_info(device)["interpreter"])):
-        return None
-    want = key_str(key)
-    for e in old.get("entries", []):
-        cfg = e.get("config") or {}
-        if key_str(e.get("key") or {}) == want and all(k in cfg for k in tunable.space):
-            return {k: cfg[k] for k in tunable.space}
-    return None
 
 
 def _sort_key(key: dict):
@@ -243,12 +247,7 @@ def update_table(path: Path, tunable, device: torch.device, slug: str,
                  new_entries: list[dict]) -> dict:
     """Merge `new_entries` into the table at `path` (see merge_entries) and write it
     atomically with a fresh header. Returns the written object."""
-    old = None
-    if Path(path).exists():
-        try:
-            old = read_table(path)
-        except Exception:  # noqa: BLE001 - a damaged old table is simply replaced
-            old = None
+    old = _read_or_none(path)               # a damaged old table is simply replaced
     header = build_header(tunable, device, slug)
     entries, _ = merge_entries(old, header, new_entries)
     data = {"format": FORMAT, "recipe": tunable.name, "header": header, "entries": entries}

@@ -3,10 +3,10 @@
 
 Per key (a `Job`):
   1. its study is created in the store (or found again: a killed tune resumes) and the
-     heuristic's config is enqueued first; an exhaustive study (space of at most
-     `exhaustive_limit` configs after the static constraint, or `--exhaustive`) has every
-     config enqueued (heuristic first, then a seeded shuffle, so a budget cut leaves an
-     unbiased sample);
+     heuristic's config is enqueued first; the sampler is a grid-restricted TPE, which an
+     exhaustive study (space of at most `exhaustive_limit` configs after the static
+     constraint, or `--exhaustive`) runs to the whole grid, so a budget cut leaves the
+     configs TPE thought best (`sampler_for`);
   2. trials run (`autotune.search`): each config's outputs are compared bit for bit with
      `reference` on pristine copies of the inputs (fresh output allocations are poisoned
      first), then timed as serving engines call it: CUDA-graph replays after a GPU
@@ -75,7 +75,7 @@ from .search import (
     worker_id,
     wrong_configs,
 )
-from .tables import previous_config, table_path, update_table
+from .tables import previous_configs, table_path, update_table
 from .timing import Timing, rotation, time_eager, time_graph, time_wall
 
 # key-field aliases of the CLI options (recipes name their key fields themselves)
@@ -377,10 +377,6 @@ def _poison_allocator(ref) -> None:
     del bufs
 
 
-_STICKY = ("illegal memory access", "misaligned address", "unspecified launch failure",
-           "device-side assert", "an illegal instruction", "uncorrectable ECC")
-
-
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
@@ -423,8 +419,6 @@ class Measurer:
             return True, None
         except Exception as exc:  # noqa: BLE001
             msg = _error_text(exc)
-            if any(s in str(exc) for s in _STICKY):
-                self._health()
             self._health()
             return False, msg
 
@@ -674,8 +668,9 @@ def tune(opts: Options) -> dict:
         prepare(j, storage, opts, device)
     # the configs the tables hold now, read before the first key rewrites them (a table
     # made by other kernels loses its other keys' entries at that rewrite)
-    previous = {j.label: previous_config(table_path(out_dir, slug, j.tunable.name),
-                                         j.tunable, j.key, device, slug) for j in jobs}
+    tables = {t.name: previous_configs(table_path(out_dir, slug, t.name), t, device, slug)
+              for t in {j.tunable.name: j.tunable for j in jobs}.values()}
+    previous = {j.label: tables[j.tunable.name].get(key_str(j.key)) for j in jobs}
     progress = Progress(sum(j.target for j in jobs), opts.progress)
     written: dict = {}
     if opts.workers > 1:
@@ -828,7 +823,9 @@ def _run_workers(opts: Options, jobs: list[Job], storage, slug: str, progress: P
 def _worker_main(opts: Options, index: int, barrier, search_end: float | None = None) -> None:
     """One worker process: pin a GPU, load the recipes, search every job's study, all by
     `search_end` (time.time()); the same shares as one process (`Budget`), its fixed
-    cost per key being what it measures here (the parent finalises)."""
+    cost per key being what it measures here (the parent finalises, and has already set
+    a guess for that aside in `search_end`: the worker's first guess is 0, not that
+    guess again)."""
     try:
         if torch.cuda.is_available() and os.environ.get("SPEC_TUNE_DEVICE", "") != "cpu":
             torch.cuda.set_device(index % torch.cuda.device_count())
@@ -846,7 +843,7 @@ def _worker_main(opts: Options, index: int, barrier, search_end: float | None = 
         left = None if search_end is None else max(0.0, search_end - time.time())
         # None or 0 seconds both mean "no budget" to Budget: a spent one is a tiny one
         budget = Budget(None if left is None else max(left, 1e-3),
-                        [weight(j, opts) for j in jobs], fixed_guess(device))
+                        [weight(j, opts) for j in jobs], 0.0)
         for j in jobs:
             k0 = time.monotonic()
             study = load(j, storage, opts, device, index)
