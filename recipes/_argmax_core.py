@@ -25,6 +25,8 @@ pack(x, i) = key << 32 | (0x7FFFFFFF - i): larger key first, then lower index.
 import triton
 import triton.language as tl
 
+from ._common import cdiv, next_pow2
+
 PACKED_EMPTY = tl.constexpr(-(2**63))  # INT64_MIN: the resting value of a stage-2 slot
 
 
@@ -114,10 +116,10 @@ def publish_packed(packed, acc_slot_ptr, cnt_ptr):
 def split_plan(V: int, block: int, split: int):
     """Host side: (programs per row, tiles per program) for a requested split, with no
     program left without a tile."""
-    n_tiles = -(-V // block)
+    n_tiles = cdiv(V, block)
     split = max(1, min(int(split), n_tiles))
-    tiles_per = -(-n_tiles // split)
-    return -(-n_tiles // tiles_per), tiles_per
+    tiles_per = cdiv(n_tiles, split)
+    return cdiv(n_tiles, tiles_per), tiles_per
 
 
 # --- the search space every split-argmax kernel shares ----------------------------------
@@ -139,8 +141,7 @@ def split_constraint(config: dict, V: int) -> bool:
     same launch)."""
     if config["BLOCK_V"] < 4 * 32 * config["num_warps"]:
         return False
-    n_tiles = -(-V // config["BLOCK_V"])
-    return config["SPLIT"] <= 1 << max(0, n_tiles - 1).bit_length()
+    return config["SPLIT"] <= next_pow2(cdiv(V, config["BLOCK_V"]))
 
 
 def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
@@ -151,16 +152,14 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
     chose at 1-32 rows (the block size on 8 of 12 keys, the warps on 9), where the
     previous rule's 4096-element bf16 tiles matched none of the six bf16 keys and ran them
     4-29% slower than their tuned configs. With a row for every SM: one program per row,
-    16 warps, 16-byte loads and two tiles in flight (UNROLL=2)."""
+    16 warps, 16-byte loads and two tiles in flight (UNROLL=2; 1 when a row is one tile)."""
     if rows < sms:
         block = 2048 if V >= 65536 else 1024
-        want = -(-2 * sms // max(1, rows))
-        n_tiles = -(-V // block)
-        split = min(1 << max(0, want - 1).bit_length(), 128,
-                    1 << max(0, n_tiles - 1).bit_length())
+        split = min(next_pow2(cdiv(2 * sms, max(1, rows))), 128, next_pow2(cdiv(V, block)))
         if split > 1:
             tiles_per = split_plan(V, block, split)[1]
             return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4 if rows < 16 else 8,
                     "num_stages": 1, "UNROLL": 2 if rows >= 16 and tiles_per >= 2 else 1}
     block = 4096 if dtype_name in ("bfloat16", "float16") else 2048
-    return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1, "UNROLL": 2}
+    return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1,
+            "UNROLL": 2 if cdiv(V, block) >= 2 else 1}

@@ -84,8 +84,6 @@ def reference(logits: torch.Tensor, rows: torch.Tensor | None = None,
     dev = logits.device
     if rows is None:
         idx = torch.arange(R, device=dev)
-    elif rows.numel() == 0:
-        idx = torch.zeros(0, dtype=torch.int64, device=dev)
     else:
         idx = rows.to(torch.int64).clamp(0, R - 1)
     B = idx.numel()
@@ -235,13 +233,9 @@ def constraint(config: dict, key: dict) -> bool:
 def heuristic(key: dict, device: torch.device) -> dict:
     """The shared split-argmax heuristic measured on the H200 (`split_heuristic`: small
     tiles and chunks for about two programs per SM while the rows cannot fill the GPU,
-    else a program a row on 16 warps with two tiles in flight), UNROLL 1 where a chunk
-    has a single tile; hidden rows in one 4096-element tile a program, or the row when
-    shorter."""
+    else a program a row on 16 warps with two tiles in flight); hidden rows in one
+    4096-element tile a program, or the row when shorter."""
     cfg = split_heuristic(key["dtype"], key["V"], max(1, key["B"]), C.sm_count(device))
-    if split_plan(key["V"], cfg["BLOCK_V"], cfg["SPLIT"])[1] < 2:
-        cfg["UNROLL"] = 1
-    cfg["num_stages"] = 1
     H = key["H"]
     lo = SPACE["BLOCK_H"][0]
     cfg["BLOCK_H"] = lo if H <= 0 else min(4096, max(lo, C.next_pow2(H)))
