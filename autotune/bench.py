@@ -286,7 +286,8 @@ def _timing_dict(t) -> dict:
 
 
 def _calls_for(est_us: float, n_states: int, target_us: float = 300.0) -> int:
-    """Calls per replay: enough for ~target_us of work, never fewer than the states."""
+    """Calls per replay: enough for ~target_us of work but at most 20, and never fewer
+    than the input sets (each set is called once a replay)."""
     return max(n_states, min(20, math.ceil(target_us / max(est_us, 0.5))))
 
 
@@ -666,9 +667,10 @@ def merge_overhead(old: dict | None, new: dict) -> dict:
 # reports
 # ---------------------------------------------------------------------------------------
 def write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    """The reports' JSON, written atomically by the tables' writer."""
+    from autotune.tables import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def _jsonable(obj):
@@ -904,8 +906,10 @@ def _header_md(h: dict) -> str:
 
 METHOD = """\
 How to read: times are medians in microseconds per call. "ours" and "torch graph" are
-CUDA-graph replays (the way serving engines call these kernels: the whole graph holds
-20 calls or more over rotating input sets, so nothing is served from L2); "torch eager"
+CUDA-graph replays (the way serving engines call these kernels; a graph holds up to 20
+calls, more when there are more input sets, over up to 32 rotating input sets: a case
+whose sets together exceed twice the L2 is read from DRAM, smaller ones can be served
+from L2, and those under L2 / 32 a set, the B=1 cases, are); "torch eager"
 is plain back-to-back calls timed with CUDA events (launch gaps included). "ours" is
 timed twice (first and last); the table shows the lower median and the difference
 between the two as noise. "x vs P" is P's time over ours (above 1: ours is faster).
