@@ -52,7 +52,7 @@ def gpu_slug(device: torch.device | None = None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
-_TABLES: dict = {}        # (slug, recipe) -> {"keys": [(key, config)], "cache": {}}
+_TABLES: dict = {}        # (slug, recipe) -> {"entries": [(key, config)]}
 _WARNED: set = set()
 
 
@@ -119,7 +119,7 @@ def _table(slug: str, recipe: str):
                 _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path} "
                                f"({type(exc).__name__}: {exc}); using heuristic configs")
                 entries = []
-        t = _TABLES[tk] = {"entries": entries, "cache": {}}
+        t = _TABLES[tk] = {"entries": entries}
     return t
 
 
@@ -180,11 +180,10 @@ def lookup(recipe: str, key: dict, device: torch.device):
 def lookup_slug(slug: str, recipe: str, key: dict):
     """`lookup` for the tables of `results/<slug>/` (what tests and tools call)."""
     try:
+        # no cache of its own: `resolve` caches what a call runs (bounded), and a lookup
+        # is a scan of a few dozen entries
         t = _table(slug, recipe)
-        ck = tuple(sorted(key.items()))
-        if ck not in t["cache"]:
-            t["cache"][ck] = nearest(t["entries"], key) if t["entries"] else None
-        return t["cache"][ck]
+        return nearest(t["entries"], key) if t["entries"] else None
     except Exception as exc:  # noqa: BLE001 - dispatch never fails a call
         _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
                                        f"{recipe} ({exc}); using heuristic configs")
