@@ -74,7 +74,7 @@ def heuristic(key: dict, device: torch.device) -> dict:
     return split_heuristic(key["dtype"], key["V"], key["R"], C.sm_count(device))
 
 
-def tune_key(dtype: torch.dtype, V: int, R: int, device: torch.device) -> dict:
+def tune_key(dtype: torch.dtype, V: int, R: int) -> dict:
     return {"dtype": C._dtype_name(dtype), "V": int(V), "R": int(R)}
 
 
@@ -95,7 +95,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
 
 
 def resolve_config(config, dtype, V, R, device) -> dict:
-    key = tune_key(dtype, V, R, device)
+    key = tune_key(dtype, V, R)
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
@@ -174,7 +174,7 @@ def _bench_cases(preset: str):
                   for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
     cases = []
     for dt, R, V in shapes:
-        key = tune_key(dt, V, R, torch.device("cpu"))
+        key = tune_key(dt, V, R)
 
         def make(device, seed, key=key):
             x = _make_inputs(key, device, seed)

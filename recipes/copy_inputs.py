@@ -98,7 +98,7 @@ def heuristic(key: dict, device: torch.device) -> dict:
     return {"BLOCK": 2048, "TILES": 2, "num_warps": 8, "num_stages": 1}
 
 
-def tune_key(n_pairs: int, pair_bytes: int, device: torch.device | None = None) -> dict:
+def tune_key(n_pairs: int, pair_bytes: int) -> dict:
     return {"pairs": int(n_pairs), "pair_bytes": int(pair_bytes)}
 
 
@@ -189,7 +189,7 @@ def copy_inputs(pairs, *, config: dict | None = None) -> None:
     if not dsts:
         return None
     largest = max(n * d.element_size() for d, n in zip(dsts, ns, strict=True))
-    key = tune_key(len(pairs), largest, dev)
+    key = tune_key(len(pairs), largest)
     cfg = resolve_config(config, key, dev)
     launch_copy_inputs(dsts, srcs, ns, cfg)
     return None

@@ -376,8 +376,7 @@ def heuristic(key: dict, device: torch.device) -> dict:
             "num_stages": 1}
 
 
-def tune_key(layout: str, page_size: int, B: int, max_pages: int,
-             device: torch.device | None = None) -> dict:
+def tune_key(layout: str, page_size: int, B: int, max_pages: int) -> dict:
     return {"layout": layout, "page_size": int(page_size), "B": int(B),
             "max_pages": int(max_pages)}
 
