@@ -3,13 +3,35 @@ import torch
 from conftest import ON_GPU  # noqa: F401  (re-exported)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns on the CPU (floating dtypes as same-size integers, so -0.0
+    differs from +0.0 and a NaN equals the same NaN); other dtypes as they are."""
+    t = t.detach().cpu().contiguous()
+    if t.is_floating_point():
+        return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32,
+                       8: torch.int64}[t.element_size()])
+    return t
+
+
+class CountingKernel:
+    """Stands in for a module's Triton kernel and counts its launches:
+    `monkeypatch.setattr(module, name, CountingKernel(getattr(module, name)))`."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
 def assert_equal(got, want, what=""):
-    """Bitwise equality with a useful message."""
+    """Bitwise equality (floats compared by their bits) with a useful message."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     got_c, want_c = got.cpu(), want.cpu()
-    if not torch.equal(got_c, want_c):
-        bad = (got_c != want_c).nonzero()[:8].tolist()
+    if not torch.equal(bits(got_c), bits(want_c)):
+        bad = (bits(got_c) != bits(want_c)).nonzero()[:8].tolist()
         raise AssertionError(f"{what}: mismatch at {bad}: got {got_c.flatten()[:16].tolist()} "
                              f"want {want_c.flatten()[:16].tolist()}")
 

@@ -109,6 +109,8 @@ def test_errors(device):
         bad = recipes.VerifyResult(torch.empty(2, 3, dtype=torch.int32, device=device),
                                    *recipes.chain_verify(x, d)[1:])
         recipes.chain_verify(x, d, out=bad)
+    with pytest.raises(ValueError, match="logits: expected a tensor on meta.*got one on"):
+        recipes.chain_verify(x, d.to("meta"))
     if ON_GPU:
         with pytest.raises(ValueError, match="logits.*cuda.*cpu"):
             recipes.chain_verify(x.cpu(), d)

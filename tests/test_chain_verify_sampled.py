@@ -445,6 +445,8 @@ def test_sampled_errors(device):
         recipes.chain_verify(x, d, temperature=T, seeds=T, positions=s)
     with pytest.raises(ValueError, match="positions: expected a 1-D tensor"):
         recipes.chain_verify(x, d, temperature=T, seeds=s, positions=s[None])
+    with pytest.raises(ValueError, match="seeds: expected a tensor on .*meta"):
+        recipes.chain_verify(x, d, temperature=T, seeds=s.to("meta"), positions=s)
     if ON_GPU:
         with pytest.raises(ValueError, match="seeds: expected a tensor on cuda"):
             recipes.chain_verify(x, d, temperature=T, seeds=s.cpu(), positions=s)

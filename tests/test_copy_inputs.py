@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, capture, sample_configs
+from helpers import ON_GPU, CountingKernel, capture, sample_configs
 
 import recipes
 
@@ -135,10 +135,15 @@ def test_shapes_differ_and_scalars(device):
     assert torch.equal(d1, same) and torch.equal(d2, same)
 
 
-def test_empty_pairs_launch_nothing(device):
+def test_empty_pairs_launch_nothing(device, monkeypatch):
+    counter = CountingKernel(CI._copy_inputs_kernel)
+    monkeypatch.setattr(CI, "_copy_inputs_kernel", counter)
     e = torch.empty(0, device=device)
     recipes.copy_inputs([(e, torch.empty(0, device=device))])
     recipes.copy_inputs([(torch.empty(0, 3, device=device), torch.empty(3, 0, device=device))])
+    assert counter.launches == 0
+    recipes.copy_inputs([(torch.empty(3, device=device), torch.ones(3, device=device))])
+    assert counter.launches == 1                         # the counter sees real launches
 
 
 def test_every_config(device):
@@ -184,6 +189,8 @@ def test_errors(device):
         cp([(torch.zeros(2, 2, device=device).t(), torch.zeros(4, device=device))])
     with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK"):
         cp([(a, a.clone())], config={"BLOCK_BYTES": 1})
+    with pytest.raises(ValueError, match="pairs\\[0\\] src.*expected a tensor on .*meta"):
+        cp([(a, a.to("meta"))])
     if ON_GPU:
         with pytest.raises(ValueError, match="pairs\\[0\\] src.*cuda.*cpu"):
             cp([(a, a.cpu())])

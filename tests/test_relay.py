@@ -3,7 +3,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, capture, sample_configs
+from helpers import ON_GPU, CountingKernel, assert_equal, capture, sample_configs
 
 import recipes
 
@@ -245,18 +245,9 @@ def test_expanded_src_rows(device, mode):
     check(mode, slots(B, P, torch.int64, device), [(src, dst)], what="expanded")
 
 
-class _CountingKernel:
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.fixture
 def count_launches(monkeypatch):
-    counter = _CountingKernel(R._relay_kernel)
+    counter = CountingKernel(R._relay_kernel)
     monkeypatch.setattr(R, "_relay_kernel", counter)
     return counter
 

@@ -294,6 +294,8 @@ def test_errors(device):
     with pytest.raises(ValueError, match="out.page_table.*contiguous"):
         vm(**inp, out=VerifyMetadata(page_table=torch.empty(
             64, 3, dtype=torch.int32, device=device).t()))
+    with pytest.raises(ValueError, match="seq_lens: expected a tensor on .*meta"):
+        vm(**{**inp, "seq_lens": inp["seq_lens"].to("meta")})
     if ON_GPU:
         with pytest.raises(ValueError, match="seq_lens.*cuda.*cpu"):
             vm(**{**inp, "seq_lens": inp["seq_lens"].cpu()})
