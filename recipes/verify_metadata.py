@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
+from ._argmax_core import split_plan
 
 NAME = "verify_metadata"
 LAYOUTS = ("fa3", "flashinfer", "both")
@@ -464,9 +465,7 @@ def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_siz
     fi = layout in ("flashinfer", "both")
     block_p = int(cfg["BLOCK_P"])
     n_tiles = C.cdiv(mp, block_p)
-    split = max(1, min(int(cfg["SPLIT"]), n_tiles))
-    tiles_per = max(1, C.cdiv(n_tiles, split))
-    split = max(1, C.cdiv(n_tiles, tiles_per))
+    split, tiles_per = split_plan(max(mp, 1), block_p, cfg["SPLIT"])   # mp = 0: one tile
     dummy = o["positions"] if o["positions"].numel() else o["cu_seqlens_q"]
     win = 0 if window is None else min(int(window), Cap + N)   # larger windows act alike
     _verify_metadata_kernel[(B + 1, split)](
