@@ -54,18 +54,6 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
 
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def _fresh(outs, inputs):
-    """Custom ops may not return an alias of an input: copy any output that is one."""
-    ins = [t for t in inputs if isinstance(t, torch.Tensor)]
-    return tuple(o.clone() if any(_shares_storage(o, i) for i in ins) else o for o in outs)
-
-
 # --- argmax ----------------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "argmax", mutates_args=())
 def _argmax_op(logits: torch.Tensor) -> torch.Tensor:
@@ -91,7 +79,7 @@ def _chain_verify_op(logits: torch.Tensor, draft_tokens: torch.Tensor,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r = _recipes().chain_verify(logits, draft_tokens, temperature=temperature, seeds=seeds,
                                 positions=positions)
-    return _fresh(tuple(r), (logits, draft_tokens, temperature, seeds, positions))
+    return tuple(r)                # fresh tensors (out=None): no alias of an input
 
 
 @_chain_verify_op.register_fake
@@ -128,8 +116,7 @@ def _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, c
     r = _recipes().draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
                               positions=positions, draft_tokens=draft_tokens, column=column)
     h = r.hidden if r.hidden is not None else _empty(logits)
-    return _fresh((r.tokens, r.probs, h),
-                  (logits, rows, hidden, token_map, positions, draft_tokens))
+    return r.tokens, r.probs, h    # fresh tensors (out=None): no alias of an input
 
 
 @_draft_tail_op.register_fake
@@ -256,7 +243,7 @@ def _verify_metadata_op(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                                    layout=layout)
     outs = [getattr(r, f) for f in METADATA_FIELDS]
     outs = [_empty(seq_lens) if t is None else t for t in outs]
-    return list(_fresh(outs, (req_pool_indices, seq_lens, req_to_token)))
+    return outs                    # fresh tensors (out=None): no alias of an input
 
 
 @_verify_metadata_op.register_fake
