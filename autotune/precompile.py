@@ -25,7 +25,6 @@ class Precompiler:
         self.mode = triton.AsyncCompileMode(self.executor, ignore_errors=True)
         self.max_per_job = max_per_job
         self.enabled = True
-        self.submitted = 0
 
     def _cancel_pending(self) -> None:
         fk = self.mode.future_kernels
@@ -62,7 +61,6 @@ class Precompiler:
             finally:
                 JITFunction.run = orig
                 _async_compile.active_mode.reset(token)
-            self.submitted += len(order)
         except Exception as exc:  # noqa: BLE001
             self.enabled = False
             print(f"autotune: compile-ahead disabled ({type(exc).__name__}: {exc}); "

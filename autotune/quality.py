@@ -138,7 +138,7 @@ def replay(t, key, grid, measured: dict, heur: dict | None, *, seed: int, frac: 
     n_grid = len(grid)
     budget = target_trials(n_grid, None, frac)
     study = optuna.create_study(direction="minimize",
-                                sampler=make_sampler(seed, grid, enc, lambda c: t.admits(c, key)))
+                                sampler=make_sampler(seed, grid, enc))
     if heur is not None and t.admits(heur, key):
         p = enc.params(heur)
         if p is not None:
@@ -159,7 +159,7 @@ def replay(t, key, grid, measured: dict, heur: dict | None, *, seed: int, frac: 
         return len(traj) >= budget and bool(traj) and min(traj) <= goal
 
     search(study, enc, lambda c: t.admits(c, key), evaluate, target=n_grid,
-           grid_size=n_grid, exhaustive=False, on_trial=on_trial, until=reached,
+           grid_size=n_grid, on_trial=on_trial, until=reached,
            max_proposals=20 * n_grid + 200)
     best, to_goal = math.inf, None
     for i, v in enumerate(traj, 1):

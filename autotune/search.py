@@ -119,10 +119,9 @@ def config_id(cfg: dict) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
-def make_sampler(seed: int, grid: list[dict], enc: Encoding,
-                 admits: Callable[[dict], bool] | None = None) -> "GridTPE":
-    """The sampler `tune` and `quality` use for sampled (non-exhaustive) studies."""
-    return GridTPE(enc, grid, seed=seed, admits=admits)
+def make_sampler(seed: int, grid: list[dict], enc: Encoding) -> "GridTPE":
+    """The sampler `tune` and `quality` use (`grid`: the configs the constraint admits)."""
+    return GridTPE(enc, grid, seed=seed)
 
 
 class GridTPE(optuna.samplers.BaseSampler):
@@ -142,20 +141,18 @@ class GridTPE(optuna.samplers.BaseSampler):
     stops)."""
 
     def __init__(self, enc: Encoding, grid: list[dict], *, seed: int = 0,
-                 admits: Callable[[dict], bool] | None = None, n_startup: int | None = None,
-                 redraws: int = 16, tpe_until: float = 0.6, local_every: int = 4):
+                 n_startup: int | None = None, redraws: int = 16, tpe_until: float = 0.6,
+                 local_every: int = 4):
         import random as _random
 
         self.enc = enc
         self.grid = {config_id(c): c for c in grid}
-        self.admits = admits
         self.n_startup = n_startup if n_startup is not None else \
             max(4, min(10, len(grid) // 20))
         self.redraws = redraws
         self.tpe_until = tpe_until
         self.local_every = local_every
         self._proposals = 0
-        self.redrawn = 0
         self.exhausted = False
         self.rng = _random.Random(seed)
         with warnings.catch_warnings():
@@ -235,7 +232,6 @@ class GridTPE(optuna.samplers.BaseSampler):
             if p is not None:
                 return p
         for _ in range(self.redraws):
-            self.redrawn += 1
             p = self.tpe.sample_relative(snap, trial, search_space)
             if not p:
                 break
@@ -359,7 +355,6 @@ class StudyCounts:
     wrong: int = 0
     errors: int = 0
     proposals: int = 0           # finished trials of any kind
-    waiting: int = 0             # enqueued, not yet taken
     by_worker: dict = field(default_factory=dict)
 
 
@@ -378,10 +373,7 @@ class View:
         self.memo = {}                 # config_id -> (state, value, status, number)
         c = StudyCounts()
         for t in self.study.get_trials(deepcopy=False):
-            if t.state == TrialState.WAITING:
-                c.waiting += 1
-                continue
-            if t.state == TrialState.RUNNING:
+            if t.state in (TrialState.WAITING, TrialState.RUNNING):
                 continue
             c.proposals += 1
             d = info(t)
@@ -411,12 +403,9 @@ class View:
         if shared or time.monotonic() - self.last >= self.refresh_s:
             self.refresh()
 
-    def record(self, cid: str, state, value, st: str, number: int, worker: str,
-               took_waiting: bool) -> None:
+    def record(self, cid: str, state, value, st: str, number: int, worker: str) -> None:
         c = self.counts
         c.proposals += 1
-        if took_waiting and c.waiting > 0:
-            c.waiting -= 1
         if st in EVALUATED and cid not in self.memo:
             self.memo[cid] = (state, value, st, number)
             self._count(c, st, worker)
@@ -451,7 +440,7 @@ def wrong_configs(study) -> list[dict]:
 
 def search(study, enc: Encoding, admits: Callable[[dict], bool],
            evaluate: Callable[[dict], Outcome], *, target: int, grid_size: int,
-           exhaustive: bool, deadline: float | None = None, worker: str = "",
+           deadline: float | None = None, worker: str = "",
            on_trial: Callable[[str, dict, Outcome | None], None] | None = None,
            max_proposals: int | None = None, refresh_s: float = 1.0,
            until: Callable[[], bool] | None = None) -> StudyCounts:
@@ -478,7 +467,6 @@ def search(study, enc: Encoding, admits: Callable[[dict], bool],
         cfg = enc.suggest(trial)
         cid = config_id(cfg)
         rec = {"config": cfg, "config_id": cid, "worker": worker}
-        took_waiting = bool(getattr(trial, "_fixed_params", None))   # an enqueued trial
         recorded = False
         try:
             if not admits(cfg):
@@ -508,8 +496,7 @@ def search(study, enc: Encoding, admits: Callable[[dict], bool],
                 on_trial(out.status, cfg, out)
             state = {"ok": TrialState.COMPLETE, "wrong": TrialState.FAIL}.get(
                 out.status, TrialState.PRUNED)
-            view.record(cid, state, out.value, out.status, trial.number, worker,
-                        took_waiting)
+            view.record(cid, state, out.value, out.status, trial.number, worker)
             recorded = True
             if out.status == "ok":
                 return out.value
@@ -519,8 +506,7 @@ def search(study, enc: Encoding, admits: Callable[[dict], bool],
         finally:
             trial.set_user_attr(ATTR, rec)
             if not recorded:
-                view.record(cid, None, None, rec.get("status", ""), trial.number, worker,
-                            took_waiting)
+                view.record(cid, None, None, rec.get("status", ""), trial.number, worker)
 
     def stop_when_done(st, _trial):
         view.maybe_refresh()

@@ -292,8 +292,7 @@ def sampler_for(job: Job, opts: Options, device: torch.device, worker_index: int
     if job.sampler == "order":
         return OrderSampler(Encoding(job.tunable.space), exhaustive_order(job, opts, device),
                             seed, stride=worker_index)
-    return make_sampler(seed, job.grid, Encoding(job.tunable.space),
-                        lambda c: job.tunable.admits(c, job.key))
+    return make_sampler(seed, job.grid, Encoding(job.tunable.space))
 
 
 def prepare(job: Job, storage, opts: Options, device: torch.device):
@@ -611,7 +610,6 @@ class Budget:
 class Progress:
     def __init__(self, total: int, enabled: bool, desc: str = "tune"):
         self.bar = None
-        self.total = total
         if enabled:
             try:
                 from tqdm import tqdm
@@ -746,7 +744,7 @@ def _search_job(j: Job, study, m: Measurer, opts: Options, deadline, wid: str,
             _say(progress, f"autotune: {j.label} config {cfg}: pruned ({out.error})")
 
     return search(study, enc, lambda c: j.tunable.admits(c, j.key), m.evaluate,
-                  target=j.target, grid_size=len(j.grid), exhaustive=j.exhaustive,
+                  target=j.target, grid_size=len(j.grid),
                   deadline=deadline, worker=wid, on_trial=on_trial)
 
 

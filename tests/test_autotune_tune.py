@@ -194,7 +194,7 @@ def test_search_memoises_duplicates(fake):
         return Outcome("ok", 5.0, 4.0, 6.0)
 
     c = search(study, enc, lambda c: fake.SCALE.admits(c, KEY), evaluate, target=3,
-               grid_size=len(grid), exhaustive=False)
+               grid_size=len(grid))
     assert seen[:2] == [config_id(cfg), config_id(fake.WRONG)]
     assert len(seen) == 3 and len(set(seen)) == 3
     assert c.evaluated == 3 and c.wrong == 1
@@ -216,7 +216,7 @@ def test_sampler_only_proposes_grid_configs(fake):
         return Outcome("ok", float(fake._work(c)), 0.0, 0.0)
 
     search(study, enc, lambda c: fake.SCALE.admits(c, key), evaluate, target=len(grid),
-           grid_size=len(grid), exhaustive=False)
+           grid_size=len(grid))
     assert sorted(map(config_id, proposed)) == sorted(map(config_id, grid))
     assert all(info(t)["status"] != "invalid" for t in study.trials)
 
