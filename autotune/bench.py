@@ -82,9 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                         "written; each suite gets a fair share)")
     p.add_argument("--reps", type=int, default=30, help="timed replays per measurement")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overhead", dest="overhead", action="store_true", default=True,
+    p.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure eager per-call overhead (default on a GPU)")
-    p.add_argument("--no-overhead", dest="overhead", action="store_false")
     p.add_argument("--overhead-only", action="store_true",
                    help="measure only the per-call overhead")
     p.add_argument("--render", default=None, metavar="DIR",

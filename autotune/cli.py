@@ -161,12 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _slug(a) -> str:
-    if a.slug:
-        return a.slug
-    import torch
-
     from .dispatch import gpu_slug
-    return gpu_slug(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    return a.slug or gpu_slug()          # gpu_slug() picks this machine's device
 
 
 def _root(a) -> Path:
@@ -181,11 +177,7 @@ def cmd_bench(argv: list[str]) -> int:
         print(f"autotune bench: the benchmark module autotune/bench.py is not available "
               f"({exc})", file=sys.stderr)
         return 2
-    if not hasattr(bench, "main"):
-        print("autotune bench: autotune/bench.py has no main(argv)", file=sys.stderr)
-        return 2
-    rc = bench.main(argv)
-    return int(rc or 0)
+    return int(bench.main(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
