@@ -42,11 +42,26 @@ def lane_update(x, tile, best, best_tile):
 
 
 @triton.jit
-def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
-                        UNROLL: tl.constexpr = 1):
+def chunk_first(row_ptr, lo, hi, BLOCK: tl.constexpr, UNROLL: tl.constexpr = 1):
+    """The first step's loads of `chunk_scan` (UNROLL tiles from lo; the second is a
+    copy of the first when UNROLL is 1 and never read). A caller issues them itself
+    when it has other loads to put in flight with them before the scan."""
+    o0 = lo + tl.arange(0, BLOCK)
+    x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"))
+    x1 = x0
+    if UNROLL > 1:
+        o1 = o0 + BLOCK
+        x1 = tl.load(row_ptr + o1, mask=o1 < hi, other=float("-inf"))
+    return x0, x1
+
+
+@triton.jit
+def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
+               UNROLL: tl.constexpr = 1):
     """Argmax of row_ptr[lo:hi] as one packed int64 (see `pack`), scanning n_tiles tiles
     of BLOCK from lo, UNROLL tiles per step (their loads in flight together, the lane
-    state shared). Software-pipelined: the next step's loads are issued before this
+    state shared), the first step's tiles x0, x1 already loaded (`chunk_first`).
+    Software-pipelined: the next step's loads are issued before this
     step's tiles are folded, so the memory pipe never drains between steps (5-8% on the
     H200 at the best configs, up to 1.6x at others: results/h200/NOTES.md). Lanes past
     `hi` load -inf and can only tie, at a higher index than lane lo, so they never win
@@ -57,7 +72,6 @@ def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_tile = tl.zeros([BLOCK], tl.int32)
     o0 = lo + lanes
-    x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"))
     if UNROLL == 1:
         for t in range(0, n_tiles):
             on = o0 + (t + 1) * BLOCK
@@ -65,8 +79,6 @@ def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
             best, best_tile = lane_update(x0.to(tl.float32), t, best, best_tile)
             x0 = xn
     else:
-        o1 = o0 + BLOCK
-        x1 = tl.load(row_ptr + o1, mask=o1 < hi, other=float("-inf"))
         for t in range(0, n_tiles, 2):
             n0 = o0 + (t + 2) * BLOCK
             n1 = n0 + BLOCK
@@ -78,6 +90,14 @@ def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
             x1 = y1
     # one int64 max folds the lanes: larger key first, then the lower index
     return tl.max(pack(best, lo + best_tile * BLOCK + lanes), 0)
+
+
+@triton.jit
+def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
+                        UNROLL: tl.constexpr = 1):
+    """`chunk_scan` of row_ptr[lo:hi] from its own first loads."""
+    x0, x1 = chunk_first(row_ptr, lo, hi, BLOCK, UNROLL)
+    return chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK, UNROLL)
 
 
 @triton.jit
@@ -111,6 +131,28 @@ def publish_packed(packed, acc_slot_ptr, cnt_ptr):
     acquire sees every max."""
     tl.atomic_max(acc_slot_ptr, packed, sem="relaxed")
     return tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+
+
+@triton.jit
+def spin_collect(packed, slot_ptr, n_others, SP: tl.constexpr):
+    """Stage 2 without a counter, for the finishing program of a group whose other
+    n_others programs each `atomic_xchg` their packed candidate into slot_ptr[0:n_others]
+    (resting at PACKED_EMPTY): exchange those slots back to rest until every one has given
+    a candidate, and return the max of them and `packed`. Each slot is read by the atomic
+    that also resets it, so no fence or arrival counter is needed (a candidate is one
+    64-bit word). The caller must guarantee the other programs can run while this one
+    waits: all programs of the grid co-resident (at most one a multiprocessor), or the
+    waited-for programs earlier in launch order. The interpreter runs programs in order,
+    so the finisher must be the group's last program there."""
+    lanes = tl.arange(0, SP)
+    got = lanes >= n_others
+    best = packed
+    while tl.min(got.to(tl.int32), 0) == 0:
+        v = tl.atomic_xchg(slot_ptr + lanes, PACKED_EMPTY, mask=~got, sem="relaxed")
+        new = (v != PACKED_EMPTY) & ~got
+        best = tl.maximum(best, tl.max(tl.where(new, v, PACKED_EMPTY), 0))
+        got = got | new
+    return best
 
 
 def split_plan(V: int, block: int, split: int):

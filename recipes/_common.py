@@ -11,6 +11,9 @@ import os
 from typing import Iterable
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from autotune.dispatch import resolve as _resolve  # light module: no optuna import
 
@@ -131,6 +134,56 @@ def sm_count(device: torch.device) -> int:
     if n is None:
         n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return n
+
+
+PDL_ENV = "SPEC_COOKBOOK_PDL"
+_PDL: dict = {}
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch (PDL): on
+    CUDA devices of compute capability 9.0 or later (Hopper, Blackwell), not under the
+    interpreter, unless the environment sets SPEC_COOKBOOK_PDL=0.
+
+    A PDL launch may start while the kernel before it on the stream is still running
+    (in a CUDA graph too: capture keeps it as a programmatic edge). Every kernel that
+    launches this way begins with `pdl_enter`, so it reads and writes nothing before
+    that kernel has finished and its writes are visible: what PDL saves is the launch
+    latency, not any ordering."""
+    if device.type != "cuda" or _INTERPRET_AT_IMPORT:
+        return False
+    if os.environ.get(PDL_ENV, "1") in ("0", "", "off", "false"):
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _PDL.get(idx)
+    if ok is None:
+        ok = _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return ok
+
+
+@contextlib.contextmanager
+def pdl_off():
+    """Launches inside the block (and graphs captured there) without PDL."""
+    old = os.environ.get(PDL_ENV)
+    os.environ[PDL_ENV] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PDL_ENV, None)
+        else:
+            os.environ[PDL_ENV] = old
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First statement of a kernel launched with `launch_pdl=PDL`: wait until the
+    previous kernel on the stream has completed and its memory is visible
+    (griddepcontrol.wait: a no-op when nothing runs before), then let the next PDL
+    launch begin (its programs wait in their own `pdl_enter`)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 class _Workspace:

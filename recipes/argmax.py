@@ -44,7 +44,8 @@ def reference(logits: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles_per,
                    ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                   UNROLL: tl.constexpr):
+                   UNROLL: tl.constexpr, PDL: tl.constexpr):
+    C.pdl_enter(PDL)
     pid = tl.program_id(0)
     row = pid // n_split
     lo = (pid % n_split) * tiles_per * BLOCK_V
@@ -88,10 +89,11 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     acc = cnt = out
     if split > 1:
         acc, cnt = C.WORKSPACE.get(logits.device, R, R)
+    pdl = C.pdl(logits.device)
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
-        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
 
 
 def resolve_config(config, dtype, V, R, device) -> dict:

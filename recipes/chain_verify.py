@@ -173,7 +173,9 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
                    acc_ptr, cnt_ptr, temp_ptr, seed_ptr, pos_ptr, V, K, stride_b, stride_j,
                    stride_db, stride_dk, stride_t, stride_s, stride_p, n_split, tiles_per,
                    BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
-                   SAMPLED: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr):
+                   SAMPLED: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
+                   PDL: tl.constexpr):
+    C.pdl_enter(PDL)
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
     b = pid // per_req
@@ -312,13 +314,14 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     else:
         temp, seeds, pos = sampling
         st, ss, sp = temp.stride(0), seeds.stride(0), pos.stride(0)
+    pdl = C.pdl(logits.device)
     _verify_kernel[(B * (K + 1) * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
         draft_tokens.stride(1), st, ss, sp, split, tiles_per,
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
-        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
 
 
 def resolve_config(config, key, device) -> dict:

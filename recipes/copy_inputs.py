@@ -60,7 +60,8 @@ def _copy_chunk(dst, src, n, local, BLOCK: tl.constexpr, TILES: tl.constexpr):
 
 @triton.jit
 def _copy_inputs_kernel(dsts, srcs, ns, starts, NP: tl.constexpr, BLOCK: tl.constexpr,
-                        TILES: tl.constexpr):
+                        TILES: tl.constexpr, PDL: tl.constexpr):
+    C.pdl_enter(PDL)
     pid = tl.program_id(0)
     for i in tl.static_range(NP):
         if (pid >= starts[i]) & (pid < starts[i + 1]):
@@ -174,10 +175,11 @@ def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
     starts = [0]
     for n in ns:
         starts.append(starts[-1] + C.cdiv(n, chunk))
+    pdl = C.pdl(dsts[0].device)
     _copy_inputs_kernel[(starts[-1],)](
         tuple(dsts), tuple(srcs), tuple(ns), tuple(starts), NP=len(dsts),
-        BLOCK=int(cfg["BLOCK"]), TILES=int(cfg["TILES"]),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+        BLOCK=int(cfg["BLOCK"]), TILES=int(cfg["TILES"]), PDL=pdl,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl)
 
 
 def copy_inputs(pairs, *, config: dict | None = None) -> None:

@@ -27,23 +27,36 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
 
 * Argmax programs (the first B * SPLIT program ids): each selected row is cut into SPLIT
   chunks of whole BLOCK_V tiles read in place (the row is never copied out); one program
-  scans one chunk with the shared torch-exact `chunk_argmax_packed` (UNROLL tiles in
-  flight a step). With one chunk per row the program finishes the row itself; otherwise
-  the chunks meet through `publish_packed` (atomic_max of the packed candidate into the
-  per-b workspace slot, then an arrival counter) and the last program of the row to
-  arrive reads the slot, puts slot and counter back to rest, maps the token and writes
-  tokens[b] and draft_tokens[b, column]. The slot is per output b, not per logits row,
-  so repeated rows do not share a slot. The first chunk's program of each b writes
-  probs[b] = 1 and positions[b] += 1 (its positions load is issued before the scan, so
-  it is off the critical path).
-* Hidden programs (the last B * cdiv(H, BLOCK_H)) copy one BLOCK_H tile of hidden[r[b]]
-  into out.hidden[b] each. They come last so that the scan starts at once: placed first,
-  they held every program slot for a DRAM round trip before the first argmax program
-  ran; last, they fill the slots that the scan's tail leaves idle (H200, B=256 H=7168:
-  26.7 -> 25.3 us; B=64 H=4096: 11.8 -> 11.2 us; `tools/probe_layout.py`).
+  scans one chunk with the shared torch-exact `chunk_first` + `chunk_scan` (UNROLL tiles
+  in flight a step). With one chunk per row the program finishes the row itself;
+  otherwise the chunks of a row meet in one of two ways, which give the same bits:
+  - spin (the whole grid fits one program a multiprocessor, e.g. B=1): each chunk but
+    the last exchanges its packed candidate into its own workspace slot; the row's last
+    chunk, after its own scan, exchanges those slots back to rest until it has them all
+    (`spin_collect`: no fence, no counter; H200 B=1 V=32000: 0.26 us less);
+  - counter (larger grids): `publish_packed` (atomic_max of the packed candidate into
+    the per-b slot, then an arrival counter) and the last program of the row to arrive
+    reads the slot and puts slot and counter back to rest.
+  The finishing program maps the token and writes tokens[b] and draft_tokens[b, column].
+  Slots are per output b, not per logits row, so repeated rows do not share one. The
+  first chunk's program of each b writes probs[b] = 1 and positions[b] += 1 (its
+  positions load is issued before the scan, so it is off the critical path).
+* The hidden rows, by config (FUSE_H): copy programs (the last B * cdiv(H, BLOCK_H)
+  ids, one BLOCK_H tile of hidden[r[b]] each; last so that the scan starts at once:
+  placed first, they held every slot for a DRAM round trip before the first argmax
+  program ran), or the argmax programs themselves, chunk s copying slice s of its row
+  with the load issued next to its first logits tiles and the store before the scan
+  (at B=256 the copy programs find every slot taken by the scan and run after it; fused,
+  the copy overlaps it: 1 us less on the H200).
 
-No program waits on another, so the grid order cannot deadlock, and every config gives
-the same bits: the chunk answers are combined by an order-exact max.
+On sm_90+ the kernel launches with programmatic dependent launch (`_common.pdl`): it may
+start while the previous kernel on the stream runs, and waits for it before its first
+load, which takes the launch latency off a chain of kernels (0.45 us at B=1 on the
+H200). SPEC_COOKBOOK_PDL=0 turns it off.
+
+No program waits on one that cannot run (the spin finisher only where every program
+of the grid is resident at once), and every config gives the same bits: the chunk
+answers are combined by an order-exact max.
 """
 from __future__ import annotations
 
@@ -57,13 +70,16 @@ from . import _common as C
 from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
-    chunk_argmax_packed,
+    chunk_first,
+    chunk_scan,
     publish_packed,
+    spin_collect,
     split_constraint,
     split_heuristic,
     split_plan,
     unpack_index,
 )
+from ._common import cdiv, next_pow2
 
 NAME = "draft_tail"
 
@@ -136,11 +152,13 @@ def _finish(b, index, map_ptr, tok_ptr, dt_ptr, stride_map, stride_dt, dt_col,
 
 @triton.jit
 def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
-                 acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map, stride_pos,
-                 stride_dt, dt_col, n_split, tiles_per,
+                 h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
+                 stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per, H,
+                 stride_h, h_slice,
                  HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr,
-                 HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                 UNROLL: tl.constexpr):
+                 HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, SPIN: tl.constexpr,
+                 FUSE_H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                 UNROLL: tl.constexpr, SP: tl.constexpr):
     b = q // n_split
     s = q % n_split
     first = s == 0
@@ -149,13 +167,31 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
     r = _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS)
     lo = s * tiles_per * BLOCK_V
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
-    packed = chunk_argmax_packed(x_ptr + r * stride_x, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    row = x_ptr + r * stride_x
+    if FUSE_H:    # slice s of the hidden row: loaded with the first tiles, stored before
+        hl = tl.arange(0, BLOCK_H)          # the scan (no registers held through it)
+        hc = s * h_slice + hl
+        hm = (hl < h_slice) & (hc < H)
+        hv = tl.load(h_ptr + r * stride_h + hc, mask=hm)
+    x0, x1 = chunk_first(row, lo, hi, BLOCK_V, UNROLL)
+    if FUSE_H:
+        tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
+    packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL)
     tl.store(probs_ptr + b, 1.0, mask=first)
     if HAS_POS:
         tl.store(pos_ptr + b.to(tl.int64) * stride_pos, pos + 1, mask=first)
     if ONE_CHUNK:
         _finish(b, unpack_index(packed), map_ptr, tok_ptr, dt_ptr, stride_map, stride_dt,
                 dt_col, HAS_MAP, HAS_DT)
+    elif SPIN:
+        # the row's last chunk collects the others' slots (b * n_split + s) itself
+        slots = acc_ptr + b.to(tl.int64) * n_split
+        if s == n_split - 1:
+            packed = spin_collect(packed, slots, n_split - 1, SP)
+            _finish(b, unpack_index(packed), map_ptr, tok_ptr, dt_ptr, stride_map,
+                    stride_dt, dt_col, HAS_MAP, HAS_DT)
+        else:
+            tl.atomic_xchg(slots + s, packed, sem="relaxed")
     else:
         arrived = publish_packed(packed, acc_ptr + b, cnt_ptr + b)
         if arrived == n_split - 1:
@@ -174,71 +210,104 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
 def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
                        h_ptr, hout_ptr, acc_ptr, cnt_ptr,
                        R, V, stride_x, stride_rows, stride_map, stride_pos, stride_dt,
-                       dt_col, n_split, tiles_per, H, stride_h, h_tiles, n_arg,
+                       dt_col, n_split, tiles_per, H, stride_h, h_tiles, h_slice, n_arg,
                        HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr,
                        HAS_POS: tl.constexpr, HAS_DT: tl.constexpr,
                        HAS_HIDDEN: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                       SPIN: tl.constexpr, FUSE_H: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UNROLL: tl.constexpr):
+                       UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
+    C.pdl_enter(PDL)
     pid = tl.program_id(0)
-    if HAS_HIDDEN:
+    if HAS_HIDDEN and not FUSE_H:
         if pid < n_arg:
             _argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr,
-                         dt_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
-                         stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per,
-                         HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK, BLOCK_V, UNROLL)
+                         dt_ptr, h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x,
+                         stride_rows, stride_map, stride_pos, stride_dt, dt_col, n_split,
+                         tiles_per, H, stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS,
+                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP)
         else:
             _copy_hidden(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H,
                          stride_h, h_tiles, HAS_ROWS, BLOCK_H)
     else:
         _argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
-                     acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map,
-                     stride_pos, stride_dt, dt_col, n_split, tiles_per,
-                     HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK, BLOCK_V, UNROLL)
+                     h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
+                     stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per, H,
+                     stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK,
+                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP)
 
 
 # --- search space and heuristic -------------------------------------------------------
-# The shared split-argmax space (BLOCK_V, SPLIT, UNROLL, num_warps) plus BLOCK_V = 16384
-# (a whole 32000-entry bf16 row in one step of one 16-warp program with UNROLL 2: no
-# stage-2 atomics at B = 1) and BLOCK_H, the elements of a hidden row one copy program
-# moves. num_stages has one choice: the loops have no dot, so Triton does not pipeline
-# them (sm_90 SASS identical for 1, 2 and 3; no difference on the H200 either).
+# The shared split-argmax space (BLOCK_V, SPLIT, UNROLL, num_warps) plus:
+# * BLOCK_V 256 and 512 and 1-2 warps, for the latency-bound small batches (B <= 8): at
+#   B=1 the row is cut into ~60-120 programs of one warp or two, each folding its lanes
+#   without shared memory (H200, V=32000: 2.00 us for 512-element tiles on 2 warps, 2.14
+#   for 1024 on 4; `probes/probe-pdl-2.txt`);
+# * BLOCK_V = 16384 (a whole 32000-entry bf16 row in one step of one 16-warp program);
+# * BLOCK_H, the elements of a hidden row one copy program moves, and FUSE_H: 1 copies
+#   the hidden row in the argmax programs instead (slice s of the row by chunk s, its
+#   load issued with the first logits tiles and its store before the scan: at B=256 one
+#   program a row, 1 us faster than separate copy programs, which find every slot taken
+#   by the scan and run after it).
+# num_stages has one choice: the loops have no dot, so Triton does not pipeline them
+# (sm_90 SASS identical for 1, 2 and 3; no difference on the H200 either).
+SMALL_B = 8     # the batches where 1-2 warp programs and sub-1024 tiles are searched
 SPACE = {
-    "BLOCK_V": tuple(SPLIT_SPACE["BLOCK_V"]) + (16384,),
+    "BLOCK_V": (256, 512) + tuple(SPLIT_SPACE["BLOCK_V"]) + (16384,),
     "SPLIT": SPLIT_SPACE["SPLIT"],
     "UNROLL": SPLIT_SPACE["UNROLL"],
-    "num_warps": SPLIT_SPACE["num_warps"],
+    "num_warps": (1, 2) + tuple(SPLIT_SPACE["num_warps"]),
     "num_stages": (1,),
     "BLOCK_H": (2048, 4096, 8192),
+    "FUSE_H": (0, 1),
 }
+
+
+def _fused_block_h(H: int, split: int) -> int:
+    """The hidden tile of a fused program: its slice of the row, a power of two."""
+    return next_pow2(cdiv(H, split)) if H > 0 else 1
 
 
 def constraint(config: dict, key: dict) -> bool:
     """4..64 logits elements a thread per step; SPLIT up to the first power of two >= the
     row's tiles (that one is a tile a chunk; larger ones would repeat it); UNROLL 2 only
-    with two tiles or more a chunk; for the hidden copy 1..64 elements a thread and no
-    tile beyond the row's next power of two (one BLOCK_H when H = 0: it is unused)."""
+    with two tiles or more a chunk; 1-2 warps and tiles under 1024 only for B <= 8;
+    copy programs: 1..64 hidden elements a thread and no tile beyond the row's next power
+    of two (one BLOCK_H when H = 0: it is unused); fused copy: a hidden slice of at
+    most 64 elements a thread, BLOCK_H at its first value (unused), and only with
+    hidden rows (H > 0)."""
     threads = 32 * config["num_warps"]
     bv, unroll = config["BLOCK_V"], config["UNROLL"]
     if not split_constraint(config, key["V"]) or bv * unroll > 64 * threads:
         return False
-    if unroll > 1 and split_plan(key["V"], bv, config["SPLIT"])[1] < 2:
+    if (config["num_warps"] < 4 or bv < 1024) and key["B"] > SMALL_B:
+        return False
+    split, tiles_per = split_plan(key["V"], bv, config["SPLIT"])
+    if unroll > 1 and tiles_per < 2:
         return False
     bh, H = config["BLOCK_H"], key["H"]
+    if config["FUSE_H"]:
+        return H > 0 and bh == SPACE["BLOCK_H"][0] and _fused_block_h(H, split) <= 64 * threads
     if H <= 0:
         return bh == SPACE["BLOCK_H"][0]
-    return threads <= bh <= 64 * threads and bh <= max(SPACE["BLOCK_H"][0], C.next_pow2(H))
+    return threads <= bh <= 64 * threads and bh <= max(SPACE["BLOCK_H"][0], next_pow2(H))
 
 
 def heuristic(key: dict, device: torch.device) -> dict:
     """The shared split-argmax heuristic measured on the H200 (`split_heuristic`: small
     tiles and chunks for about two programs per SM while the rows cannot fill the GPU,
-    else a program a row on 16 warps with two tiles in flight); hidden rows in one
-    4096-element tile a program, or the row when shorter."""
+    else a program a row on 16 warps with two tiles in flight); the hidden rows copied by
+    the argmax programs when there is a program a row and a row for every SM (B=256:
+    1 us faster), else by copy programs of one 4096-element tile, or the row when
+    shorter."""
     cfg = split_heuristic(key["dtype"], key["V"], max(1, key["B"]), C.sm_count(device))
     H = key["H"]
     lo = SPACE["BLOCK_H"][0]
-    cfg["BLOCK_H"] = lo if H <= 0 else min(4096, max(lo, C.next_pow2(H)))
+    split = split_plan(key["V"], cfg["BLOCK_V"], cfg["SPLIT"])[0]
+    fuse = (H > 0 and split == 1 and key["B"] >= C.sm_count(device)
+            and _fused_block_h(H, split) <= 64 * 32 * cfg["num_warps"])
+    cfg["FUSE_H"] = int(fuse)
+    cfg["BLOCK_H"] = lo if H <= 0 or fuse else min(4096, max(lo, next_pow2(H)))
     return cfg
 
 
@@ -255,34 +324,46 @@ def resolve_config(config, key: dict, device: torch.device) -> dict:
 def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
                       tokens, probs, hidden_out, cfg) -> None:
     """Launch on validated tensors (B >= 1, R >= 1, column already in [0, K))."""
+    dev = logits.device
     R, V = logits.shape
     B = tokens.shape[0]
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
+    H = hidden.shape[1] if hidden is not None else 0
+    fuse = (bool(cfg.get("FUSE_H", 0)) and H > 0
+            and _fused_block_h(H, split) <= 64 * 32 * cfg["num_warps"])
+    if fuse:
+        h_slice, block_h, h_tiles = cdiv(H, split), _fused_block_h(H, split), 0
+    else:
+        h_slice, block_h, h_tiles = 0, cfg["BLOCK_H"], cdiv(H, cfg["BLOCK_H"])
+    n_hidden = B * h_tiles
+    grid = B * split + n_hidden
+    # The spin finisher needs the whole grid co-resident: at most a program an SM.
+    spin = split > 1 and grid <= C.sm_count(dev)
     acc = cnt = tokens              # never read with one chunk a row (see launch_argmax)
     if split > 1:
-        acc, cnt = C.WORKSPACE.get(logits.device, B, B)
-    H = hidden.shape[1] if hidden is not None else 0
-    h_tiles = C.cdiv(H, cfg["BLOCK_H"]) if hidden is not None else 0
-    n_hidden = B * h_tiles
+        acc, cnt = C.WORKSPACE.get(dev, B * split if spin else B, B)
     dummy = tokens
-    _draft_tail_kernel[(B * split + n_hidden,)](
+    pdl = C.pdl(dev)
+    _draft_tail_kernel[(grid,)](
         logits, rows if rows is not None else dummy,
         token_map if token_map is not None else dummy, tokens, probs,
         positions if positions is not None else dummy,
         draft_tokens if draft_tokens is not None else dummy,
-        hidden if n_hidden else dummy, hidden_out if n_hidden else dummy, acc, cnt,
+        hidden if H > 0 else dummy, hidden_out if H > 0 else dummy, acc, cnt,
         R, V, logits.stride(0),
         rows.stride(0) if rows is not None else 0,
         token_map.stride(0) if token_map is not None else 0,
         positions.stride(0) if positions is not None else 0,
         draft_tokens.stride(0) if draft_tokens is not None else 0,
         column * draft_tokens.stride(1) if draft_tokens is not None else 0,
-        split, tiles_per, H, hidden.stride(0) if n_hidden else 0, max(1, h_tiles), B * split,
+        split, tiles_per, H, hidden.stride(0) if H > 0 else 0, max(1, h_tiles), h_slice,
+        B * split,
         HAS_ROWS=rows is not None, HAS_MAP=token_map is not None,
         HAS_POS=positions is not None, HAS_DT=draft_tokens is not None,
-        HAS_HIDDEN=n_hidden > 0, ONE_CHUNK=split == 1,
-        BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], UNROLL=cfg["UNROLL"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        HAS_HIDDEN=H > 0, ONE_CHUNK=split == 1, SPIN=spin, FUSE_H=fuse,
+        BLOCK_V=cfg["BLOCK_V"], BLOCK_H=block_h, UNROLL=cfg["UNROLL"],
+        SP=next_pow2(split) if spin else 1, PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
 
 
 def _check_out(out, B: int, hidden, device):
@@ -461,10 +542,18 @@ def _register() -> None:
         make_inputs=make_inputs, run=_tune_run, reference=_tune_reference,
         torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
         sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
-                 chunk_argmax_packed, publish_packed, launch_draft_tail)))
+                 chunk_first, chunk_scan, publish_packed, spin_collect, C.pdl_enter,
+                 launch_draft_tail)))
 
 
 _register()
+
+
+def _call_no_pdl(s: dict) -> DraftTail:
+    """ours launched without programmatic dependent launch: what the tail costs after a
+    kernel that does not let it start early."""
+    with C.pdl_off():
+        return _call(s, out=s["out"])
 
 
 def _bench_cases(preset: str):
@@ -493,6 +582,7 @@ def _bench_cases(preset: str):
             make=make, bytes=_bytes(key),
             variants={
                 "ours": BenchVariant(lambda s: _call(s, out=s["out"])),
+                "ours, PDL off": BenchVariant(_call_no_pdl),
                 "torch eager": BenchVariant(_torch_tail, eager=True, peer=True),
                 "torch graph": BenchVariant(_torch_tail, peer=True),
             }))
@@ -505,7 +595,9 @@ def _register_bench() -> None:
     register_bench(BenchSuite(
         name=NAME, cases=_bench_cases, title="draft_tail (top-1 draft tail)",
         notes="ours: one launch (argmax of the selected rows read in place, token map, "
-              "probs, positions += 1, draft_tokens column, hidden-row gather); torch: "
+              "probs, positions += 1, draft_tokens column, hidden-row gather), replayed "
+              "back to back, so that on sm_90+ each call's launch overlaps the call "
+              "before it (PDL); 'ours, PDL off': the same launches without PDL; torch: "
               "index the rows, argmax, map, gather hidden, positions += 1, column write. "
               "Bytes: the selected logits rows read once plus the hidden rows read and "
               "written once (bf16)."))

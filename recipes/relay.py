@@ -190,8 +190,9 @@ def _move_tile(idx_ptr, idx_stride, B, src, dst, width, s_stride, d_stride, pool
 def _relay_kernel(idx_ptr, idx_stride, B, srcs, dsts, widths, s_strides, d_strides, pools,
                   starts, ncbs, NF: tl.constexpr, GATHER: tl.constexpr,
                   SINGLE: tl.constexpr, RS: tl.constexpr, FBS: tl.constexpr,
-                  EMULATE_BF16: tl.constexpr):
+                  EMULATE_BF16: tl.constexpr, PDL: tl.constexpr):
     """One program = one tile of one field; field f owns programs [starts[f], starts[f+1])."""
+    C.pdl_enter(PDL)
     t = tl.program_id(0)
     if NF == 1:
         _move_tile(idx_ptr, idx_stride, B, srcs[0], dsts[0], widths[0], s_strides[0],
@@ -414,13 +415,14 @@ def launch_relay(index: torch.Tensor, srcs, dsts, widths, pools, gather: bool,
             _PLANS.clear()
         p = _PLANS[pk] = plan(B, widths, cfg)
     single, rs, fbs, ncbs, starts = p
+    pdl = C.pdl(index.device)
     _relay_kernel[(starts[-1],)](
         index, index.stride(0), B, srcs, dsts, widths,
         tuple(t.stride(0) for t in srcs), tuple(t.stride(0) for t in dsts),
         pools, starts, ncbs,
         NF=len(widths), GATHER=gather, SINGLE=single, RS=rs, FBS=fbs,
         EMULATE_BF16=C._INTERPRET_AT_IMPORT,     # the kernels run interpreted
-        num_warps=cfg["num_warps"])
+        PDL=pdl, num_warps=cfg["num_warps"], launch_pdl=pdl)
 
 
 def _relay(index, fields, gather: bool, config) -> None:

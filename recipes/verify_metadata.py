@@ -258,7 +258,9 @@ def _verify_metadata_kernel(
         pos_ptr, loc_ptr, seqk_ptr, cuq_ptr, cuk_ptr, maxk_ptr,
         pt_ptr, indptr_ptr, idx_ptr, last_ptr,
         PAGE: tl.constexpr, WINDOW: tl.constexpr, FA3: tl.constexpr, FI: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+        BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+        PDL: tl.constexpr):
+    C.pdl_enter(PDL)
     b = tl.program_id(0)
     s = tl.program_id(1)
     lanes_b = tl.arange(0, BLOCK_B)
@@ -468,6 +470,7 @@ def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_siz
     split, tiles_per = split_plan(max(mp, 1), block_p, cfg["SPLIT"])   # mp = 0: one tile
     dummy = o["positions"] if o["positions"].numel() else o["cu_seqlens_q"]
     win = 0 if window is None else min(int(window), Cap + N)   # larger windows act alike
+    pdl = C.pdl(req_pool_indices.device)
     _verify_metadata_kernel[(B + 1, split)](
         req_pool_indices, seq_lens, req_to_token, req_pool_indices.stride(0),
         seq_lens.stride(0), req_to_token.stride(0), req_to_token.stride(1),
@@ -478,8 +481,8 @@ def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_siz
         o.get("kv_last_page_len", dummy),
         PAGE=int(page_size), WINDOW=window is not None, FA3=fa3, FI=fi,
         BLOCK_P=block_p, BLOCK_B=_block_b(cfg["BLOCK_B"], B),
-        BLOCK_N=max(2, C.next_pow2(N)),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+        BLOCK_N=max(2, C.next_pow2(N)), PDL=pdl,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl)
 
 
 def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,

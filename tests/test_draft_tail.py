@@ -17,9 +17,11 @@ M = importlib.import_module("recipes.draft_tail")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 512, "num_warps": 4,
-         "num_stages": 1}
+         "num_stages": 1, "FUSE_H": 0}
 CONFIGS = (None, SMALL, {**SMALL, "SPLIT": 1, "UNROLL": 2},
-           {**SMALL, "BLOCK_V": 1024, "SPLIT": 256, "BLOCK_H": 1024, "num_warps": 8})
+           {**SMALL, "BLOCK_V": 1024, "SPLIT": 256, "BLOCK_H": 1024, "num_warps": 8},
+           {**SMALL, "FUSE_H": 1}, {**SMALL, "SPLIT": 1, "UNROLL": 2, "FUSE_H": 1},
+           {**SMALL, "BLOCK_V": 256, "SPLIT": 8, "num_warps": 1, "FUSE_H": 1})
 POISON_TOKEN = -7
 
 
@@ -242,6 +244,30 @@ def test_repeated_calls_leave_workspace_at_rest(device):
     assert_equal(recipes.argmax(y, config={"SPLIT": 4}), torch.argmax(y, dim=1), "argmax")
 
 
+@pytest.mark.parametrize("fuse", [0, 1])
+def test_spin_and_counter_finishers(device, monkeypatch, fuse):
+    """The two ways a split row's chunks meet give the same bits: the spin finisher (the
+    whole grid fits one program an SM) and the arrival counter (it does not). The SM
+    count is patched so that each runs on the same inputs, with ties and NaN across
+    chunks; the spin slots are back at rest afterwards."""
+    x = hard_logits(9, 4099, torch.bfloat16, device, seed=5)
+    x[4, 100] = x[4, 3000] = 1e4                      # a tie across chunks
+    h = hard_hidden(9, 700, torch.bfloat16, device)
+    m = a_map(4099, torch.int64, device)
+    for B in (1, 2, 3):
+        rows = torch.tensor([4, 3, 2][:B], device=device)
+        for sms in (1, 4096):
+            monkeypatch.setattr(C, "sm_count", lambda d, n=sms: n)
+            for cfg in ({**SMALL, "FUSE_H": fuse}, {**SMALL, "BLOCK_V": 256, "SPLIT": 16,
+                                                    "num_warps": 2, "FUSE_H": fuse}):
+                run_and_check(x, rows=rows, hidden=h, token_map=m, config=cfg,
+                              draft_tokens=torch.zeros(B, 2, dtype=torch.int64,
+                                                       device=device),
+                              column=-1, what=f"B={B} sms={sms} {cfg}")
+                acc, cnt = C.WORKSPACE.get(device, 1, 1)
+                assert bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all())
+
+
 def test_every_config(device):
     from autotune.registry import tunables
 
@@ -256,7 +282,9 @@ def test_every_config(device):
     rows = torch.tensor([4, 0, 4], device=device)
     h = hard_hidden(5, 3000, torch.bfloat16, device)
     m = a_map(5000, torch.int32, device)
-    for cfg in sample_configs(configs, 8):
+    assert {c["FUSE_H"] for c in configs} == {0, 1}
+    assert {c["num_warps"] for c in configs} == set(M.SPACE["num_warps"])
+    for cfg in sample_configs(configs, 10):
         run_and_check(x, rows=rows, hidden=h, token_map=m,
                       draft_tokens=torch.zeros(3, 2, dtype=torch.int64, device=device),
                       column=1, config=cfg, what=f"cfg={cfg}")
@@ -396,6 +424,60 @@ def test_cuda_graph_capture(device):
         assert_equal(dt[:, 2], want.tokens, "column")
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_dependent_launches_in_a_graph(device):
+    """Back-to-back calls where each reads what the one before wrote (its rows are the
+    previous call's tokens, its positions the previous call's increments), captured in a
+    graph with a torch kernel in the chain: with programmatic dependent launch on
+    (sm_90+), a call that started early must still see every write of the call before."""
+    R, V, H, B, n = 16, 32000, 4096, 4, 6
+    x = hard_logits(R, V, torch.bfloat16, device, seed=12)
+    h = hard_hidden(R, H, torch.bfloat16, device)
+    rows0 = torch.tensor([15, 3, 0, 9], device=device)
+    for cfg in (None, {**SMALL, "SPLIT": 1}, {**SMALL, "BLOCK_V": 512, "SPLIT": 64,
+                                             "num_warps": 2, "FUSE_H": 1},
+                {**SMALL, "BLOCK_V": 2048, "SPLIT": 1, "num_warps": 16, "FUSE_H": 1}):
+        pos = torch.zeros(B, dtype=torch.int64, device=device)
+        outs = [recipes.DraftTail(torch.empty(B, dtype=torch.int64, device=device),
+                                  torch.empty(B, device=device),
+                                  torch.empty(B, H, dtype=x.dtype, device=device))
+                for _ in range(n)]
+        bumped = torch.empty(B, dtype=torch.int64, device=device)
+
+        def chain(cfg=cfg, pos=pos, outs=outs, bumped=bumped):
+            rows = rows0
+            for i in range(n):
+                recipes.draft_tail(x, rows=rows, hidden=h, positions=pos, out=outs[i],
+                                   config=cfg)
+                if i == 2:                      # a torch kernel in between
+                    torch.remainder(outs[i].tokens + 5, R, out=bumped)
+                    rows = bumped
+                else:
+                    rows = outs[i].tokens       # clamped into [0, R)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chain()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        for o in outs:
+            o.tokens.fill_(POISON_TOKEN)
+            o.hidden.fill_(0)
+        pos.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        rows = rows0
+        for i in range(n):
+            want = M.reference(x, rows, h)
+            assert_equal(outs[i].tokens, want.tokens, f"{cfg} call {i} tokens")
+            assert_equal(outs[i].hidden, want.hidden, f"{cfg} call {i} hidden")
+            rows = (want.tokens + 5) % R if i == 2 else want.tokens
+        assert_equal(pos, torch.full((B,), n, dtype=torch.int64, device=device), "positions")
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
 def test_over_2_pow_31_elements(device):
     R, V = 16385, 131072                   # 2^31 + 2^17 elements, 4 GiB in bf16
@@ -413,3 +495,22 @@ def test_over_2_pow_31_elements(device):
                       column=1, config=cfg, what=f"2^31 {cfg}")
     del x
     torch.cuda.empty_cache()
+
+
+def test_pdl_switch(device, monkeypatch):
+    """PDL is on exactly for CUDA devices of compute capability 9+ outside the
+    interpreter, and SPEC_COOKBOOK_PDL=0 / `pdl_off` turn it off (restoring the
+    environment after the block)."""
+    monkeypatch.delenv(C.PDL_ENV, raising=False)
+    want = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+    assert C.pdl(device) is want
+    assert C.pdl(torch.device("cpu")) is False
+    with C.pdl_off():
+        assert C.pdl(device) is False
+    assert C.PDL_ENV not in C.os.environ and C.pdl(device) is want
+    monkeypatch.setenv(C.PDL_ENV, "0")
+    assert C.pdl(device) is False
+    with C.pdl_off():
+        pass
+    assert C.os.environ[C.PDL_ENV] == "0"
