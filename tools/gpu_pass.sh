@@ -4,7 +4,7 @@
 #   tools/gpu_pass.sh tune          make tune, the default key set (< 8 min)
 #   tools/gpu_pass.sh retest        $RETEST (default tests/test_ops.py) again
 #   tools/gpu_pass.sh quality bench tuner quality (~5 min), make bench (~4 min)
-# TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS override each step's arguments.
+# TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS override each step's arguments (BENCH_TIMEOUT its limit).
 # Outputs go to $OUT (logs, and a tarball of results/h200 after tune/quality/bench). Run
 # from the repository root with the Optuna wheels in .whl/ (../shared/device/wheels.sh).
 set -u
@@ -37,7 +37,7 @@ for step in "$@"; do
       timeout 330 make quality QUALITY_ARGS="${QUALITY_ARGS:---budget-s 280 --no-progress}" >"$OUT/quality.log" 2>&1
       summary+=("$(grep -E 'complete keys|MET|NOT MET' "$OUT/quality.log" | tail -2)") ;;
     bench)
-      timeout 280 make bench BENCH_ARGS="${BENCH_ARGS:---max-seconds 240 --out results/h200}" \
+      timeout ${BENCH_TIMEOUT:-280} make bench BENCH_ARGS="${BENCH_ARGS:---max-seconds 240 --out results/h200}" \
         >"$OUT/bench.log" 2>&1
       summary+=("$(tail -2 "$OUT/bench.log" | tr '\n' ' ')") ;;
     *) echo "gpu_pass: unknown step $step"; exit 2 ;;
