@@ -140,10 +140,16 @@ PDL_ENV = "SPEC_COOKBOOK_PDL"
 _PDL: dict = {}
 
 
-def pdl(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with programmatic dependent launch (PDL): on
-    CUDA devices of compute capability 9.0 or later (Hopper, Blackwell), not under the
-    interpreter, unless the environment sets SPEC_COOKBOOK_PDL=0.
+def pdl(device: torch.device, programs: int | None = None) -> bool:
+    """Whether a launch of `programs` programs on `device` uses programmatic dependent
+    launch (PDL): on CUDA devices of compute capability 9.0 or later (Hopper,
+    Blackwell), not under the interpreter, unless the environment sets
+    SPEC_COOKBOOK_PDL=0, and only for grids of at most one program a multiprocessor.
+
+    The grid rule is measured (H200, results/h200/NOTES.md, session 4): with PDL on
+    every launch, the latency-bound small grids gained 0.4-0.6 us each (draft_tail B=1
+    2.30 -> 1.96 us), but some grids of several programs an SM lost up to 24% (argmax
+    R=256 V=151936 bf16 21.9 -> 24.3 us, chain_verify fp32 B=64 K=4 13.7 -> 17.0 us).
 
     A PDL launch may start while the kernel before it on the stream is still running
     (in a CUDA graph too: capture keeps it as a programmatic edge). Every kernel that
@@ -158,7 +164,7 @@ def pdl(device: torch.device) -> bool:
     ok = _PDL.get(idx)
     if ok is None:
         ok = _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return ok
+    return ok and (programs is None or programs <= sm_count(device))
 
 
 @contextlib.contextmanager

@@ -89,7 +89,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     acc = cnt = out
     if split > 1:
         acc, cnt = C.WORKSPACE.get(logits.device, R, R)
-    pdl = C.pdl(logits.device)
+    pdl = C.pdl(logits.device, R * split)
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
         ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl,

@@ -314,7 +314,7 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     else:
         temp, seeds, pos = sampling
         st, ss, sp = temp.stride(0), seeds.stride(0), pos.stride(0)
-    pdl = C.pdl(logits.device)
+    pdl = C.pdl(logits.device, B * (K + 1) * split)
     _verify_kernel[(B * (K + 1) * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),

@@ -49,10 +49,10 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   (at B=256 the copy programs find every slot taken by the scan and run after it; fused,
   the copy overlaps it: 1 us less on the H200).
 
-On sm_90+ the kernel launches with programmatic dependent launch (`_common.pdl`): it may
-start while the previous kernel on the stream runs, and waits for it before its first
-load, which takes the launch latency off a chain of kernels (0.45 us at B=1 on the
-H200). SPEC_COOKBOOK_PDL=0 turns it off.
+On sm_90+, grids of at most a program an SM launch with programmatic dependent launch
+(`_common.pdl`): the kernel may start while the previous one on the stream runs, and
+waits for it before its first load, which takes the launch latency off a chain of
+kernels (0.3-0.6 us at B=1-8 on the H200). SPEC_COOKBOOK_PDL=0 turns it off.
 
 No program waits on one that cannot run (the spin finisher only where every program
 of the grid is resident at once), and every config gives the same bits: the chunk
@@ -343,7 +343,7 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
     if split > 1:
         acc, cnt = C.WORKSPACE.get(dev, B * split if spin else B, B)
     dummy = tokens
-    pdl = C.pdl(dev)
+    pdl = C.pdl(dev, grid)
     _draft_tail_kernel[(grid,)](
         logits, rows if rows is not None else dummy,
         token_map if token_map is not None else dummy, tokens, probs,

@@ -499,12 +499,15 @@ def test_over_2_pow_31_elements(device):
 
 def test_pdl_switch(device, monkeypatch):
     """PDL is on exactly for CUDA devices of compute capability 9+ outside the
-    interpreter, and SPEC_COOKBOOK_PDL=0 / `pdl_off` turn it off (restoring the
-    environment after the block)."""
+    interpreter, for grids of at most a program an SM, and SPEC_COOKBOOK_PDL=0 /
+    `pdl_off` turn it off (restoring the environment after the block)."""
     monkeypatch.delenv(C.PDL_ENV, raising=False)
     want = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
             and torch.cuda.get_device_capability(device)[0] >= 9)
     assert C.pdl(device) is want
+    sms = C.sm_count(device)
+    assert C.pdl(device, sms) is want and C.pdl(device, 1) is want
+    assert C.pdl(device, sms + 1) is False
     assert C.pdl(torch.device("cpu")) is False
     with C.pdl_off():
         assert C.pdl(device) is False
