@@ -52,7 +52,8 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
 On sm_90+, grids of at most a program an SM launch with programmatic dependent launch
 (`_common.pdl`): the kernel may start while the previous one on the stream runs, and
 waits for it before its first load, which takes the launch latency off a chain of
-kernels (0.3-0.6 us at B=1-8 on the H200). SPEC_COOKBOOK_PDL=0 turns it off.
+kernels (0.37-0.60 us a call on the H200 where it applies: bench-draft_tail.md).
+SPEC_COOKBOOK_PDL=0 turns it off.
 
 No program waits on one that cannot run (the spin finisher only where every program
 of the grid is resident at once), and every config gives the same bits: the chunk
@@ -241,8 +242,8 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
 # The shared split-argmax space (BLOCK_V, SPLIT, UNROLL, num_warps) plus:
 # * BLOCK_V 256 and 512 and 1-2 warps, for the latency-bound small batches (B <= 8): at
 #   B=1 the row is cut into ~60-120 programs of one warp or two, each folding its lanes
-#   without shared memory (H200, V=32000: 2.00 us for 512-element tiles on 2 warps, 2.14
-#   for 1024 on 4; `probes/probe-pdl-2.txt`);
+#   without shared memory (H200, V=32000: 2.00 us for 512-element tiles on 2 warps in
+#   `probes/probe-pdl-2.txt`; the tuned pick, 1024 on 4 warps, 1.97 in draft_tail.json);
 # * BLOCK_V = 16384 (a whole 32000-entry bf16 row in one step of one 16-warp program);
 # * BLOCK_H, the elements of a hidden row one copy program moves, and FUSE_H: 1 copies
 #   the hidden row in the argmax programs instead (slice s of the row by chunk s, its
