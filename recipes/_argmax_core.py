@@ -141,8 +141,8 @@ def spin_collect(packed, slot_ptr, n_others, SP: tl.constexpr):
     a candidate, and return the max of them and `packed`. Each slot is read by the atomic
     that also resets it, so no fence or arrival counter is needed (a candidate is one
     64-bit word). The caller must guarantee the other programs can run while this one
-    waits: all programs of the grid co-resident (at most one a multiprocessor), or the
-    waited-for programs earlier in launch order. The interpreter runs programs in order,
+    waits: a grid of at most one program per multiprocessor (all resident at once), or
+    the waited-for programs earlier in launch order. The interpreter runs programs in order,
     so the finisher must be the group's last program there."""
     lanes = tl.arange(0, SP)
     got = lanes >= n_others

@@ -147,7 +147,7 @@ def pdl(device: torch.device, programs: int | None = None) -> bool:
     SPEC_COOKBOOK_PDL=0, and only for grids of at most one program a multiprocessor.
 
     The grid rule is measured (H200, results/h200/NOTES.md, session 4): with PDL on
-    every launch, the latency-bound small grids gained 0.4-0.6 us each (draft_tail B=1
+    every launch, the latency-bound small grids gained 0.3-0.6 us each (draft_tail B=1
     2.30 -> 1.96 us), but some grids of several programs an SM lost up to 24% (argmax
     R=256 V=151936 bf16 21.9 -> 24.3 us, chain_verify fp32 B=64 K=4 13.7 -> 17.0 us).
 
