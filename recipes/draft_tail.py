@@ -269,6 +269,12 @@ def _fused_block_h(H: int, split: int) -> int:
     return next_pow2(cdiv(H, split)) if H > 0 else 1
 
 
+def _can_fuse(H: int, split: int, num_warps: int) -> bool:
+    """Whether the argmax programs can copy the hidden row: there is one, and a slice
+    of it is at most 64 elements a thread."""
+    return H > 0 and _fused_block_h(H, split) <= 64 * 32 * num_warps
+
+
 def constraint(config: dict, key: dict) -> bool:
     """4..64 logits elements a thread per step; SPLIT up to the first power of two >= the
     row's tiles (that one is a tile a chunk; larger ones would repeat it); UNROLL 2 only
@@ -288,7 +294,7 @@ def constraint(config: dict, key: dict) -> bool:
         return False
     bh, H = config["BLOCK_H"], key["H"]
     if config["FUSE_H"]:
-        return H > 0 and bh == SPACE["BLOCK_H"][0] and _fused_block_h(H, split) <= 64 * threads
+        return bh == SPACE["BLOCK_H"][0] and _can_fuse(H, split, config["num_warps"])
     if H <= 0:
         return bh == SPACE["BLOCK_H"][0]
     return threads <= bh <= 64 * threads and bh <= max(SPACE["BLOCK_H"][0], next_pow2(H))
@@ -305,8 +311,8 @@ def heuristic(key: dict, device: torch.device) -> dict:
     H = key["H"]
     lo = SPACE["BLOCK_H"][0]
     split = split_plan(key["V"], cfg["BLOCK_V"], cfg["SPLIT"])[0]
-    fuse = (H > 0 and split == 1 and key["B"] >= C.sm_count(device)
-            and _fused_block_h(H, split) <= 64 * 32 * cfg["num_warps"])
+    fuse = (split == 1 and key["B"] >= C.sm_count(device)
+            and _can_fuse(H, split, cfg["num_warps"]))
     cfg["FUSE_H"] = int(fuse)
     cfg["BLOCK_H"] = lo if H <= 0 or fuse else min(4096, max(lo, next_pow2(H)))
     return cfg
@@ -330,8 +336,8 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
     B = tokens.shape[0]
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     H = hidden.shape[1] if hidden is not None else 0
-    fuse = (bool(cfg.get("FUSE_H", 0)) and H > 0
-            and _fused_block_h(H, split) <= 64 * 32 * cfg["num_warps"])
+    # an explicit FUSE_H whose slice does not fit falls back to copy programs (same bits)
+    fuse = bool(cfg["FUSE_H"]) and _can_fuse(H, split, cfg["num_warps"])
     if fuse:
         h_slice, block_h, h_tiles = cdiv(H, split), _fused_block_h(H, split), 0
     else:
