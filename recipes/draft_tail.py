@@ -526,12 +526,13 @@ def _torch_tail(inp: dict):
     return tokens, probs, h
 
 
-def _bytes(key: dict) -> int:
+def _bytes(key: dict, hidden_passes: int = 2) -> int:
     """Selected logits rows read once, hidden rows read and written once (hidden in the
-    logits' dtype), plus the small per-row traffic."""
+    logits' dtype), plus the small per-row traffic. hidden_passes=1 counts the hidden
+    rows once, as issue 5's bandwidth target does (`tools/targets.py`)."""
     es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
     B = key["B"]
-    return B * key["V"] * es + 2 * B * key["H"] * es + B * (8 + 8 + 4 + 16 + 8)
+    return B * key["V"] * es + hidden_passes * B * key["H"] * es + B * (8 + 8 + 4 + 16 + 8)
 
 
 def _default_keys(preset: str) -> list[dict]:

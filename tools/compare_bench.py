@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autotune.bench import ours_time  # noqa: E402
+
 SUITES = ("argmax", "chain_verify", "chain_verify_sampled", "copy_inputs", "draft_tail",
           "relay", "verify_metadata")
 
@@ -30,8 +33,9 @@ def load(where: str, suite: str):
 
 
 def ours(cases) -> dict:
-    return {json.dumps(c["label"], sort_keys=True): c["timings"]["ours"]["p50"]
-            for c in cases if "ours" in c["timings"]}
+    """{label: ours} with the statistic BENCH.md reports (`bench.ours_time`)."""
+    return {json.dumps(c["label"], sort_keys=True): ours_time(c)
+            for c in cases if ours_time(c) is not None}
 
 
 def main(old: str, new: str) -> list[str]:
