@@ -5,11 +5,12 @@ the hidden copy costs 2.5 us in the recipe's grid for 4.2 MB moved, and that the
 alone runs at 3.46 TB/s. Hypotheses timed here (CUDA-graph replay medians, each best
 variant twice; every variant's outputs checked against the reference first):
 
-1. Hidden last: the recipe puts its B * cdiv(H, BLOCK_H) hidden-copy programs first in
-   the grid, so at 2 programs an SM they hold every slot for a DRAM round trip before
-   the first argmax program starts. `_hlast` is the recipe's kernel with the copy
-   programs after the argmax programs: they then fill the slots that the scan's tail
-   leaves idle.
+1. Hidden last: the recipe put its B * cdiv(H, BLOCK_H) hidden-copy programs first in
+   the grid, so at 2 programs an SM they held every slot for a DRAM round trip before
+   the first argmax program started; a variant kernel put them after the argmax
+   programs. That is the recipe's layout since commit 90a2d9f, so the variant is gone
+   from this file: the "hidden last" lines of probes/probe-layout.txt (and its "recipe"
+   lines, hidden first) were made by this file at commit 5c9e7d5.
 2. Balanced ranges: one program a row leaves 124 SMs with two rows and 8 with one at
    B=256. `_bal` gives each of G programs an equal range of the flattened (row, tile)
    space (rows cut anywhere); a row's pieces meet through the usual max slot, and the
@@ -32,25 +33,7 @@ from recipes import _common as C
 from recipes._argmax_core import PACKED_EMPTY, chunk_argmax_packed, split_plan, unpack_index
 
 DT = importlib.import_module("recipes.draft_tail")
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from probe_tail import _check, _clone, _states, rec, sayer  # noqa: E402
-
-
-@triton.jit
-def _hlast(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, hout_ptr,
-           acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map, stride_pos, stride_dt,
-           dt_col, n_split, tiles_per, H, stride_h, h_tiles, n_arg,
-           ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-           UNROLL: tl.constexpr):
-    pid = tl.program_id(0)
-    if pid < n_arg:
-        DT._argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
-                        acc_ptr, cnt_ptr, R, V, stride_x, stride_rows, stride_map,
-                        stride_pos, stride_dt, dt_col, n_split, tiles_per,
-                        True, True, True, True, ONE_CHUNK, BLOCK_V, UNROLL)
-    else:
-        DT._copy_hidden(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h,
-                        h_tiles, True, BLOCK_H)
 
 
 @triton.jit
@@ -107,22 +90,6 @@ class Ws:
         self.cnt = torch.zeros(B, dtype=torch.int32, device=dev)
 
 
-def run_hlast(st, cfg, ws):
-    x, rows, hid, tmap = st["logits"], st["rows"], st["hidden"], st["token_map"]
-    pos, dt, out = st["positions"], st["draft_tokens"], st["out"]
-    R, V = x.shape
-    B, H = rows.shape[0], hid.shape[1]
-    split, tiles = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
-    bh = cfg["BLOCK_H"]
-    h_tiles = C.cdiv(H, bh)
-    _hlast[(B * split + B * h_tiles,)](
-        x, rows, tmap, out.tokens, out.probs, pos, dt, hid, out.hidden, ws.acc, ws.cnt,
-        R, V, x.stride(0), rows.stride(0), tmap.stride(0), pos.stride(0), dt.stride(0),
-        st["column"] * dt.stride(1), split, tiles, H, hid.stride(0), h_tiles, B * split,
-        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], BLOCK_H=bh, UNROLL=cfg["UNROLL"],
-        num_warps=cfg["num_warps"], num_stages=1)
-
-
 def run_bal(st, cfg, ws):
     x, rows, hid, tmap = st["logits"], st["rows"], st["hidden"], st["token_map"]
     pos, dt, out = st["positions"], st["draft_tokens"], st["out"]
@@ -152,7 +119,7 @@ def run_recipe(st, cfg, **kw):
 
 
 def _layouts(say, dev, sms, B, V, H):
-    """Part 1-3 for one shape: the read ceiling, the recipe, hidden last, balanced."""
+    """Part 2-3 for one shape: the read ceiling, the recipe, balanced."""
     key = DT.tune_key(torch.bfloat16, V, B, H)
     nb = DT._bytes(key)
     sts = _states(key, dev, rotation(nb))
@@ -189,9 +156,6 @@ def _layouts(say, dev, sms, B, V, H):
                "num_stages": 1, "BLOCK_H": 4096}
         trial(f"recipe {bv} split {sp} U{u} w{w}",
               lambda s, c=cfg: run_recipe(s, c))
-        for bh in (2048, 4096, 8192):
-            trial(f"hidden last {bv} split {sp} U{u} w{w} BLOCK_H {bh}",
-                  lambda s, c={**cfg, "BLOCK_H": bh}: run_hlast(s, c, ws))
     for bv, u, w in ((4096, 2, 16), (4096, 1, 16), (2048, 2, 16), (4096, 2, 8),
                      (2048, 2, 8), (8192, 1, 16)):
         for k in (1, 2, 3, 4):
@@ -258,7 +222,7 @@ def splits(path):
                 for w in (4, 8):
                     for u in (1, 2):
                         cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
-                               "num_stages": 1, "BLOCK_H": 4096}
+                               "num_stages": 1, "BLOCK_H": 4096, "FUSE_H": 0}
                         if not DT.constraint(cfg, key):
                             continue
                         ts = []

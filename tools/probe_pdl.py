@@ -69,8 +69,7 @@ def _hidden_tile(p, rows_ptr, h_ptr, hout_ptr, R, H, stride_h, h_tiles,
 
 
 @triton.jit
-def _write_row(b, packed, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, stride_map,
-               stride_pos, stride_dt, dt_col):
+def _write_row(b, packed, map_ptr, tok_ptr, dt_ptr, stride_map, stride_dt, dt_col):
     token = tl.load(map_ptr + unpack_index(packed).to(tl.int64) * stride_map).to(tl.int64)
     tl.store(tok_ptr + b, token)
     tl.store(dt_ptr + b.to(tl.int64) * stride_dt + dt_col, token)
@@ -93,8 +92,8 @@ def _spin(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, 
             new = (v != PACKED_EMPTY) & ~got
             best = tl.maximum(best, tl.max(tl.where(new, v, PACKED_EMPTY), 0))
             got = got | new
-        _write_row(pid - n_arg, best, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, stride_map,
-                   stride_pos, stride_dt, dt_col)
+        _write_row(pid - n_arg, best, map_ptr, tok_ptr, dt_ptr, stride_map,
+                   stride_dt, dt_col)
     elif pid < n_arg:
         b = pid // n_split
         s = pid % n_split
@@ -118,8 +117,8 @@ def _spin(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, 
                 new = (v != PACKED_EMPTY) & ~got
                 best = tl.maximum(best, tl.max(tl.where(new, v, PACKED_EMPTY), 0))
                 got = got | new
-            _write_row(b, best, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, stride_map,
-                       stride_pos, stride_dt, dt_col)
+            _write_row(b, best, map_ptr, tok_ptr, dt_ptr, stride_map,
+                       stride_dt, dt_col)
         else:
             tl.atomic_xchg(slot_ptr + b * SP + s, packed, sem="relaxed")
     else:
@@ -164,8 +163,8 @@ def _fused(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr,
         packed = tl.max(pack(best, best_tile * BLOCK_V + lanes), 0)
         tl.store(probs_ptr + b, 1.0)
         tl.store(pos_ptr + b.to(tl.int64) * stride_pos, pos + 1)
-        _write_row(b, packed, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, stride_map,
-                   stride_pos, stride_dt, dt_col)
+        _write_row(b, packed, map_ptr, tok_ptr, dt_ptr, stride_map,
+                   stride_dt, dt_col)
 
 
 class Fused:
@@ -278,7 +277,6 @@ def main(path):
         say(f"empty kernel, 1 program, pdl={int(pdl)}            {fmt(t)}")
 
     def recipe(pdl):
-        C._PDL.clear()
         C.os.environ[C.PDL_ENV] = "1" if pdl else "0"
 
     shapes = [(1, 32000, 4096), (1, 151936, 4096), (8, 151936, 4096),
@@ -296,7 +294,7 @@ def main(path):
                 for u in SPACE["UNROLL"]:
                     for w in SPACE["num_warps"]:
                         cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
-                               "num_stages": 1, "BLOCK_H": 4096}
+                               "num_stages": 1, "BLOCK_H": 4096, "FUSE_H": 0}
                         ok = constraint(cfg, key) and (
                             (B == 1 and bv <= 2048 and w <= 8) or
                             (B == 8 and bv == 2048 and w <= 8 and sp >= 8) or
@@ -357,20 +355,9 @@ def main(path):
             vres = []
             for tag, fn, cfg in variants:
                 call = (lambda s, f=fn, c=cfg, p=pdl: f(s, c, p))
-                try:
-                    bad = _check(call, master)
-                except Exception as e:  # noqa: BLE001
-                    say(f"{tag} pdl={int(pdl)}: ERROR {type(e).__name__}: {str(e)[:160]}")
-                    continue
-                if bad:
-                    say(f"{tag} pdl={int(pdl)}: WRONG {bad}")
-                    continue
-                vres.append((rec(call, sts)[0], tag, call))
-            vres.sort(key=lambda t: t[0])
-            for t, tag, _ in vres[:5]:
-                say(f"{tag} pdl={int(pdl)} {t:7.2f}")
-            if vres:
-                say(f"{vres[0][1]} pdl={int(pdl)} again {fmt(rec(vres[0][2], sts, twice=True))}")
+                tag = f"{tag} pdl={int(pdl)}"
+                vres.append((_timed(say, tag, call, sts, master), tag, call))
+            _best(say, vres, sts)
         del sts
 
 

@@ -242,7 +242,7 @@ def main(path):
                 for u in SPACE["UNROLL"]:
                     for w in SPACE["num_warps"]:
                         cfg = {"BLOCK_V": bv, "SPLIT": sp, "UNROLL": u, "num_warps": w,
-                               "num_stages": 1, "BLOCK_H": 4096}
+                               "num_stages": 1, "BLOCK_H": 4096, "FUSE_H": 0}
                         if constraint(cfg, key) and (B < 256 or sp <= 4):
                             grid.append(cfg)
         res = []
