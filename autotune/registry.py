@@ -73,14 +73,14 @@ class Tunable:
             return False
 
 
-_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """A floating tensor's bit patterns (so -0.0 differs from +0.0 and a NaN equals the
-    same NaN); other dtypes as they are."""
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns on the CPU (floating dtypes as same-size integers, so -0.0
+    differs from +0.0 and a NaN equals the same NaN); other dtypes as they are."""
     t = t.detach().cpu().contiguous()
-    if t.is_floating_point() and t.element_size() in _SAME_SIZE_INT:
+    if t.is_floating_point():
         return t.view(_SAME_SIZE_INT[t.element_size()])
     return t
 
@@ -90,7 +90,7 @@ def outputs_equal(a, b) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                 and a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(_bits(a), _bits(b)))
+                and torch.equal(bits(a), bits(b)))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
