@@ -189,10 +189,9 @@ class GridPacer:
     its end or to `end`, the hard stop. `clock` is injectable (tests)."""
 
     def __init__(self, seconds: float | None, per_config_s: float, per_key_s: float = 0.0,
-                 *, clock=time.monotonic, start: float | None = None):
+                 *, clock=time.monotonic):
         self.clock = clock
-        t0 = clock() if start is None else start
-        self.end = t0 + seconds if seconds else None
+        self.end = clock() + seconds if seconds else None
         self.per_config_s0, self.per_key_s0 = per_config_s, per_key_s
         self.seconds, self.configs = 0.0, 0
         self.after_s: list[float] = []

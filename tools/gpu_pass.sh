@@ -3,7 +3,10 @@
 #   tools/gpu_pass.sh test probe    GPU test suite (~3 min), bandwidth probe (~3 min)
 #   tools/gpu_pass.sh tune          make tune, the default key set (< 8 min)
 #   tools/gpu_pass.sh retest        $RETEST (default tests/test_ops.py) again
-#   tools/gpu_pass.sh quality bench tuner quality (~5 min), make bench (~4 min)
+#   tools/gpu_pass.sh quality       tuner quality (~5 min, up to 330 s)
+#   tools/gpu_pass.sh bench         make bench (~4-5 min, up to BENCH_TIMEOUT, 280 s)
+# (quality and bench together can pass the 10-minute limit of one call, and the results
+# tarball is written after the last step: give them a call each.)
 # TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS override each step's arguments (BENCH_TIMEOUT its limit).
 # Outputs go to $OUT (logs, and a tarball of results/h200 after tune/quality/bench). Run
 # from the repository root with the Optuna wheels in .whl/ (../shared/device/wheels.sh).
