@@ -49,6 +49,11 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
+def dtype_size(name: str) -> int:
+    """Bytes an element of the dtype a tuning key names ("bfloat16": 2)."""
+    return getattr(torch, name).itemsize
+
+
 def check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
     if t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (the device of the first "

@@ -136,7 +136,7 @@ def _make_inputs(key: dict, device: torch.device, seed: int):
 
 
 def _bytes(key: dict) -> int:
-    es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
+    es = C.dtype_size(key["dtype"])
     return key["R"] * key["V"] * es + key["R"] * 8
 
 

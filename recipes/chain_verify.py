@@ -392,7 +392,7 @@ def _peer(inp):
 
 
 def _bytes(key: dict) -> int:
-    es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
+    es = C.dtype_size(key["dtype"])
     B, K = key["B"], key["K"]
     extra = B * 20 if key.get("mode") == "sampled" else 0      # temperature, seed, position
     return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16 + extra

@@ -530,7 +530,7 @@ def _bytes(key: dict, hidden_passes: int = 2) -> int:
     """Selected logits rows read once, hidden rows read and written once (hidden in the
     logits' dtype), plus the small per-row traffic. hidden_passes=1 counts the hidden
     rows once, as issue 5's bandwidth target does (`tools/targets.py`)."""
-    es = torch.empty((), dtype=getattr(torch, key["dtype"])).element_size()
+    es = C.dtype_size(key["dtype"])
     B = key["B"]
     return B * key["V"] * es + hidden_passes * B * key["H"] * es + B * (8 + 8 + 4 + 16 + 8)
 
