@@ -93,25 +93,6 @@ def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def chunk_scan_staged(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    """`chunk_argmax_packed` pipelined by Triton instead of by hand: a plain loop of one
-    tile a step under `tl.range(num_stages=STAGES)`, which on sm_80+ turns the loads into
-    asynchronous copies to shared memory, STAGES - 1 tiles ahead of the fold, so a
-    program keeps several tiles in flight without holding them in registers (the copies
-    need 16-byte aligned rows: with a row stride that is not a multiple of 8 elements
-    the loop runs unpipelined, with the same result). Same answer and the same rules as
-    `chunk_scan` (the interpreter runs it as a plain loop)."""
-    lanes = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_tile = tl.zeros([BLOCK], tl.int32)
-    for t in tl.range(0, n_tiles, num_stages=STAGES):
-        o = lo + t * BLOCK + lanes
-        x = tl.load(row_ptr + o, mask=o < hi, other=float("-inf"))
-        best, best_tile = lane_update(x.to(tl.float32), t, best, best_tile)
-    return tl.max(pack(best, lo + best_tile * BLOCK + lanes), 0)
-
-
-@triton.jit
 def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
                         UNROLL: tl.constexpr = 1):
     """`chunk_scan` of row_ptr[lo:hi] from its own first loads."""
@@ -186,7 +167,9 @@ def split_plan(V: int, block: int, split: int):
 # --- the search space every split-argmax kernel shares ----------------------------------
 # SPLIT is the number of programs per row (clamped to the number of tiles). num_stages
 # stays at 1: Triton does not pipeline these loads (no dot), the sm_90 assembly is the
-# same for 1, 2 and 3, and the H200 timed 1 and 3 alike (results/h200/NOTES.md).
+# same for 1, 2 and 3, and the H200 timed 1 and 3 alike (results/h200/NOTES.md; the
+# cp.async pipelining tl.range(num_stages=S) asks for was slower still:
+# probes/probe-staged.txt).
 SPLIT_SPACE = {
     "BLOCK_V": (1024, 2048, 4096, 8192),
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),

@@ -73,7 +73,6 @@ from ._argmax_core import (
     SPLIT_SPACE,
     chunk_first,
     chunk_scan,
-    chunk_scan_staged,
     publish_packed,
     spin_collect,
     split_constraint,
@@ -160,7 +159,7 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
                  HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr,
                  HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, SPIN: tl.constexpr,
                  FUSE_H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                 UNROLL: tl.constexpr, SP: tl.constexpr, STAGES: tl.constexpr):
+                 UNROLL: tl.constexpr, SP: tl.constexpr):
     b = q // n_split
     s = q % n_split
     first = s == 0
@@ -175,15 +174,10 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
         hc = s * h_slice + hl
         hm = (hl < h_slice) & (hc < H)
         hv = tl.load(h_ptr + r * stride_h + hc, mask=hm)
-    if STAGES > 1:   # Triton's pipeliner: asynchronous copies, STAGES - 1 tiles ahead
-        packed = chunk_scan_staged(row, lo, hi, tiles_per, BLOCK_V, STAGES)
-        if FUSE_H:
-            tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
-    else:
-        x0, x1 = chunk_first(row, lo, hi, BLOCK_V, UNROLL)
-        if FUSE_H:
-            tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
-        packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    x0, x1 = chunk_first(row, lo, hi, BLOCK_V, UNROLL)
+    if FUSE_H:
+        tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
+    packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL)
     tl.store(probs_ptr + b, 1.0, mask=first)
     if HAS_POS:
         tl.store(pos_ptr + b.to(tl.int64) * stride_pos, pos + 1, mask=first)
@@ -223,8 +217,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                        HAS_HIDDEN: tl.constexpr, ONE_CHUNK: tl.constexpr,
                        SPIN: tl.constexpr, FUSE_H: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UNROLL: tl.constexpr, SP: tl.constexpr, STAGES: tl.constexpr,
-                       PDL: tl.constexpr):
+                       UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     if HAS_HIDDEN and not FUSE_H:
@@ -233,8 +226,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                          dt_ptr, h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x,
                          stride_rows, stride_map, stride_pos, stride_dt, dt_col, n_split,
                          tiles_per, H, stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS,
-                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP,
-                         STAGES)
+                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP)
         else:
             _copy_hidden(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H,
                          stride_h, h_tiles, HAS_ROWS, BLOCK_H)
@@ -243,7 +235,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                      h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
                      stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per, H,
                      stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK,
-                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP, STAGES)
+                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP)
 
 
 # --- search space and heuristic -------------------------------------------------------
@@ -259,15 +251,17 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
 #   program a row, 1 us faster than separate copy programs, which find every slot taken
 #   by the scan and run after it).
 # num_stages has one choice: the loops have no dot, so Triton does not pipeline them
-# (sm_90 SASS identical for 1, 2 and 3; no difference on the H200 either).
-STAGED_BYTES = 64 * 1024   # the most shared memory the staged tiles of a program take
+# (sm_90 SASS identical for 1, 2 and 3). A loop under tl.range(num_stages=S) would be
+# pipelined through cp.async copies to shared memory; tried as a config (commit 6a42719)
+# it was slower on every shape timed (B=256: 25.9 us at best against 24.5,
+# `probes/probe-staged.txt`), so it is not in the space.
 SMALL_B = 8     # the batches where 1-2 warp programs and sub-1024 tiles are searched
 SPACE = {
     "BLOCK_V": (256, 512) + tuple(SPLIT_SPACE["BLOCK_V"]) + (16384,),
     "SPLIT": SPLIT_SPACE["SPLIT"],
     "UNROLL": SPLIT_SPACE["UNROLL"],
     "num_warps": (1, 2) + tuple(SPLIT_SPACE["num_warps"]),
-    "num_stages": (1, 2, 3, 4, 6),
+    "num_stages": (1,),
     "BLOCK_H": (2048, 4096, 8192),
     "FUSE_H": (0, 1),
 }
@@ -300,10 +294,6 @@ def constraint(config: dict, key: dict) -> bool:
         return False
     split, tiles_per = split_plan(key["V"], bv, config["SPLIT"])
     if unroll > 1 and tiles_per < 2:
-        return False
-    stages = config["num_stages"]
-    if stages > 1 and (unroll > 1 or tiles_per < 2
-                       or (stages - 1) * bv * C.dtype_size(key["dtype"]) > STAGED_BYTES):
         return False
     bh, H = config["BLOCK_H"], key["H"]
     if config["FUSE_H"]:
@@ -382,7 +372,7 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
         HAS_POS=positions is not None, HAS_DT=draft_tokens is not None,
         HAS_HIDDEN=H > 0, ONE_CHUNK=split == 1, SPIN=spin, FUSE_H=fuse,
         BLOCK_V=cfg["BLOCK_V"], BLOCK_H=block_h, UNROLL=cfg["UNROLL"],
-        SP=next_pow2(split) if spin else 1, STAGES=cfg["num_stages"], PDL=pdl,
+        SP=next_pow2(split) if spin else 1, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
 
 
