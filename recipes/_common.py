@@ -145,16 +145,27 @@ PDL_ENV = "SPEC_COOKBOOK_PDL"
 _PDL: dict = {}
 
 
-def pdl(device: torch.device, programs: int | None = None) -> bool:
-    """Whether a launch of `programs` programs on `device` uses programmatic dependent
-    launch (PDL): on CUDA devices of compute capability 9.0 or later (Hopper,
-    Blackwell), not under the interpreter, unless the environment sets
-    SPEC_COOKBOOK_PDL=0, and only for grids of at most one program a multiprocessor.
+PDL_EARLY, PDL_LATE = 1, 2   # a kernel's PDL constexpr: when it lets the next launch in
 
-    The grid rule is measured (H200, results/h200/NOTES.md, session 4): with PDL on
-    every launch, the latency-bound small grids gained 0.3-0.6 us each (draft_tail B=1
-    2.30 -> 1.96 us), but some grids of several programs an SM lost up to 24% (argmax
-    R=256 V=151936 bf16 21.9 -> 24.3 us, chain_verify fp32 B=64 K=4 13.7 -> 17.0 us).
+
+def pdl(device: torch.device, programs: int | None = None) -> int:
+    """How a launch of `programs` programs on `device` uses programmatic dependent launch
+    (PDL): 0 not at all (CUDA devices before compute capability 9.0, the interpreter,
+    or the environment setting SPEC_COOKBOOK_PDL=0); else `PDL_EARLY` for grids of at
+    most one program a multiprocessor (the kernel lets the next PDL launch begin as soon
+    as it starts) and `PDL_LATE` for larger ones (only once each program is past its
+    main loop, `pdl_release`). The value is the kernel's PDL constexpr; the launch takes
+    `launch_pdl=bool(value)`.
+
+    The two rules are measured (H200, results/h200/NOTES.md, sessions 4-5): with an early
+    release on every launch, the latency-bound small grids gained 0.3-0.6 us each
+    (draft_tail B=1 2.30 -> 1.96 us), but some grids of several programs an SM lost up
+    to 24% (argmax R=256 V=151936 bf16 21.9 -> 24.3 us, chain_verify fp32 B=64 K=4
+    13.7 -> 17.0 us): the next kernel's programs, started early, sat beside them. With
+    no PDL for those grids, they gave up gains elsewhere; the late release keeps most
+    of them with none of the losses (geomeans 0.94-0.99 per suite against no PDL there,
+    no case more than 5% slower but one that varies as much between runs:
+    probes/pdl-late-vs-rule.txt).
 
     A PDL launch may start while the kernel before it on the stream is still running
     (in a CUDA graph too: capture keeps it as a programmatic edge). Every kernel that
@@ -162,14 +173,16 @@ def pdl(device: torch.device, programs: int | None = None) -> bool:
     that kernel has finished and its writes are visible: what PDL saves is the launch
     latency, not any ordering."""
     if device.type != "cuda" or _INTERPRET_AT_IMPORT:
-        return False
+        return 0
     if os.environ.get(PDL_ENV, "1") in ("0", "", "off", "false"):
-        return False
+        return 0
     idx = device.index if device.index is not None else torch.cuda.current_device()
     ok = _PDL.get(idx)
     if ok is None:
         ok = _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return ok and (programs is None or programs <= sm_count(device))
+    if not ok:
+        return 0
+    return PDL_EARLY if programs is None or programs <= sm_count(device) else PDL_LATE
 
 
 @contextlib.contextmanager
@@ -188,12 +201,23 @@ def pdl_off():
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """First statement of a kernel launched with `launch_pdl=PDL`: wait until the
+    """First statement of a kernel launched with `launch_pdl=PDL > 0`: wait until the
     previous kernel on the stream has completed and its memory is visible
-    (griddepcontrol.wait: a no-op when nothing runs before), then let the next PDL
-    launch begin (its programs wait in their own `pdl_enter`)."""
+    (griddepcontrol.wait: a no-op when nothing runs before); with `PDL_EARLY`, then let
+    the next PDL launch begin (its programs wait in their own `pdl_enter`)."""
     if PDL:
         gdc_wait()
+        if PDL == 1:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    """With `PDL_LATE`: let the next PDL launch begin. Called once a program is past its
+    main loop; a program that never calls it releases at its exit. Either way the next
+    kernel's `pdl_enter` waits for this whole grid, so where it stands only decides
+    when the next launch may start, never what it sees."""
+    if PDL == 2:
         gdc_launch_dependents()
 
 

@@ -52,6 +52,7 @@ def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
     row_ptr = x_ptr + row.to(tl.int64) * stride_r
     packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    C.pdl_release(PDL)
     if ONE_CHUNK:
         tl.store(out_ptr + row, unpack_index(packed).to(tl.int64))
     else:
@@ -93,7 +94,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
         ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
 def resolve_config(config, dtype, V, R, device) -> dict:

@@ -202,6 +202,7 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
             packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
     else:
         packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    C.pdl_release(PDL)
     row = b.to(tl.int64) * (K + 1) + j
     arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
     if arrived == per_req - 1:
@@ -321,7 +322,7 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         draft_tokens.stride(1), st, ss, sp, split, tiles_per,
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
 def resolve_config(config, key, device) -> dict:

@@ -179,7 +179,7 @@ def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
     _copy_inputs_kernel[(starts[-1],)](
         tuple(dsts), tuple(srcs), tuple(ns), tuple(starts), NP=len(dsts),
         BLOCK=int(cfg["BLOCK"]), TILES=int(cfg["TILES"]), PDL=pdl,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl)
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl > 0)
 
 
 def copy_inputs(pairs, *, config: dict | None = None) -> None:

@@ -49,11 +49,12 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   (at B=256 the copy programs find every slot taken by the scan and run after it; fused,
   the copy overlaps it: 1 us less on the H200).
 
-On sm_90+, grids of at most a program an SM launch with programmatic dependent launch
-(`_common.pdl`): the kernel may start while the previous one on the stream runs, and
-waits for it before its first load, which takes the launch latency off a chain of
-kernels (0.37-0.60 us a call on the H200 where it applies: bench-draft_tail.md).
-SPEC_COOKBOOK_PDL=0 turns it off.
+On sm_90+ every launch is a programmatic dependent launch (`_common.pdl`): the kernel
+may start while the previous one on the stream runs, and waits for it before its first
+load, which takes the launch latency off a chain of kernels (0.27-0.73 us a call on the
+H200: bench-draft_tail.md). A grid of at most a program an SM lets the next launch
+begin at once; a larger one after each program's scan (`pdl_release`), so that the
+next kernel's programs do not sit beside the scan. SPEC_COOKBOOK_PDL=0 turns it off.
 
 No program waits on one that cannot run (the spin finisher only where every program
 of the grid is resident at once), and every config gives the same bits: the chunk
@@ -159,7 +160,7 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
                  HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr,
                  HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, SPIN: tl.constexpr,
                  FUSE_H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                 UNROLL: tl.constexpr, SP: tl.constexpr):
+                 UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
     b = q // n_split
     s = q % n_split
     first = s == 0
@@ -178,6 +179,7 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
     if FUSE_H:
         tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
     packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    C.pdl_release(PDL)
     tl.store(probs_ptr + b, 1.0, mask=first)
     if HAS_POS:
         tl.store(pos_ptr + b.to(tl.int64) * stride_pos, pos + 1, mask=first)
@@ -226,7 +228,8 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                          dt_ptr, h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x,
                          stride_rows, stride_map, stride_pos, stride_dt, dt_col, n_split,
                          tiles_per, H, stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS,
-                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP)
+                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP,
+                         PDL)
         else:
             _copy_hidden(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H,
                          stride_h, h_tiles, HAS_ROWS, BLOCK_H)
@@ -235,7 +238,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                      h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
                      stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per, H,
                      stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK,
-                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP)
+                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP, PDL)
 
 
 # --- search space and heuristic -------------------------------------------------------
@@ -373,7 +376,7 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
         HAS_HIDDEN=H > 0, ONE_CHUNK=split == 1, SPIN=spin, FUSE_H=fuse,
         BLOCK_V=cfg["BLOCK_V"], BLOCK_H=block_h, UNROLL=cfg["UNROLL"],
         SP=next_pow2(split) if spin else 1, PDL=pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
 def _check_out(out, B: int, hidden, device):
@@ -554,7 +557,7 @@ def _register() -> None:
         torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
         sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
                  chunk_first, chunk_scan, publish_packed, spin_collect, C.pdl_enter,
-                 launch_draft_tail)))
+                 C.pdl_release, launch_draft_tail)))
 
 
 _register()

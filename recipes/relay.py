@@ -422,7 +422,7 @@ def launch_relay(index: torch.Tensor, srcs, dsts, widths, pools, gather: bool,
         pools, starts, ncbs,
         NF=len(widths), GATHER=gather, SINGLE=single, RS=rs, FBS=fbs,
         EMULATE_BF16=C._INTERPRET_AT_IMPORT,     # the kernels run interpreted
-        PDL=pdl, num_warps=cfg["num_warps"], launch_pdl=pdl)
+        PDL=pdl, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
 
 
 def _relay(index, fields, gather: bool, config) -> None:

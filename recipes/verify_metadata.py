@@ -482,7 +482,7 @@ def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_siz
         PAGE=int(page_size), WINDOW=window is not None, FA3=fa3, FI=fi,
         BLOCK_P=block_p, BLOCK_B=_block_b(cfg["BLOCK_B"], B),
         BLOCK_N=max(2, C.next_pow2(N)), PDL=pdl,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl)
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl > 0)
 
 
 def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,

@@ -429,14 +429,17 @@ def test_dependent_launches_in_a_graph(device):
     """Back-to-back calls where each reads what the one before wrote (its rows are the
     previous call's tokens, its positions the previous call's increments), captured in a
     graph with a torch kernel in the chain: with programmatic dependent launch on
-    (sm_90+), a call that started early must still see every write of the call before."""
+    (sm_90+), a call that started early must still see every write of the call before,
+    whether the call before released it early (small grids) or late."""
     R, V, H, B, n = 16, 32000, 4096, 4, 6
     x = hard_logits(R, V, torch.bfloat16, device, seed=12)
     h = hard_hidden(R, H, torch.bfloat16, device)
     rows0 = torch.tensor([15, 3, 0, 9], device=device)
     for cfg in (None, {**SMALL, "SPLIT": 1}, {**SMALL, "BLOCK_V": 512, "SPLIT": 64,
                                              "num_warps": 2, "FUSE_H": 1},
-                {**SMALL, "BLOCK_V": 2048, "SPLIT": 1, "num_warps": 16, "FUSE_H": 1}):
+                {**SMALL, "BLOCK_V": 2048, "SPLIT": 1, "num_warps": 16, "FUSE_H": 1},
+                # 4 x 63 programs: more than an SM each, so the late release
+                {**SMALL, "BLOCK_V": 256, "SPLIT": 64, "num_warps": 1}):
         pos = torch.zeros(B, dtype=torch.int64, device=device)
         outs = [recipes.DraftTail(torch.empty(B, dtype=torch.int64, device=device),
                                   torch.empty(B, device=device),
@@ -499,21 +502,23 @@ def test_over_2_pow_31_elements(device):
 
 def test_pdl_switch(device, monkeypatch):
     """PDL is on exactly for CUDA devices of compute capability 9+ outside the
-    interpreter, for grids of at most a program an SM, and SPEC_COOKBOOK_PDL=0 /
-    `pdl_off` turn it off (restoring the environment after the block)."""
+    interpreter: released early for grids of at most a program an SM, late for larger
+    ones; SPEC_COOKBOOK_PDL=0 / `pdl_off` turn it off (restoring the environment after
+    the block)."""
     monkeypatch.delenv(C.PDL_ENV, raising=False)
-    want = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-    assert C.pdl(device) is want
+    on = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
+          and torch.cuda.get_device_capability(device)[0] >= 9)
+    early, late = (C.PDL_EARLY, C.PDL_LATE) if on else (0, 0)
+    assert C.pdl(device) == early
     sms = C.sm_count(device)
-    assert C.pdl(device, sms) is want and C.pdl(device, 1) is want
-    assert C.pdl(device, sms + 1) is False
-    assert C.pdl(torch.device("cpu")) is False
+    assert C.pdl(device, sms) == early and C.pdl(device, 1) == early
+    assert C.pdl(device, sms + 1) == late
+    assert C.pdl(torch.device("cpu")) == 0
     with C.pdl_off():
-        assert C.pdl(device) is False
-    assert C.PDL_ENV not in C.os.environ and C.pdl(device) is want
+        assert C.pdl(device) == 0 and C.pdl(device, sms + 1) == 0
+    assert C.PDL_ENV not in C.os.environ and C.pdl(device) == early
     monkeypatch.setenv(C.PDL_ENV, "0")
-    assert C.pdl(device) is False
+    assert C.pdl(device) == 0
     with C.pdl_off():
         pass
     assert C.os.environ[C.PDL_ENV] == "0"
