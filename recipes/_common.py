@@ -154,8 +154,10 @@ def pdl(device: torch.device, programs: int | None = None) -> int:
     or the environment setting SPEC_COOKBOOK_PDL=0); else `PDL_EARLY` for grids of at
     most one program a multiprocessor (the kernel lets the next PDL launch begin as soon
     as it starts) and `PDL_LATE` for larger ones (only once each program is past its
-    main loop, `pdl_release`). The value is the kernel's PDL constexpr; the launch takes
-    `launch_pdl=bool(value)`.
+    main loop, `pdl_release`). `programs=None` is for kernels with no main loop to
+    release after (copy_inputs, relay, verify_metadata: their programs move a few tiles
+    each): `PDL_EARLY` whatever the grid. The value is the kernel's PDL constexpr; the
+    launch takes `launch_pdl=value > 0`.
 
     The two rules are measured (H200, results/h200/NOTES.md, sessions 4-5): with an early
     release on every launch, the latency-bound small grids gained 0.3-0.6 us each

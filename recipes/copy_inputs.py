@@ -175,7 +175,7 @@ def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
     starts = [0]
     for n in ns:
         starts.append(starts[-1] + C.cdiv(n, chunk))
-    pdl = C.pdl(dsts[0].device, starts[-1])
+    pdl = C.pdl(dsts[0].device)          # no main loop: release at start, any grid
     _copy_inputs_kernel[(starts[-1],)](
         tuple(dsts), tuple(srcs), tuple(ns), tuple(starts), NP=len(dsts),
         BLOCK=int(cfg["BLOCK"]), TILES=int(cfg["TILES"]), PDL=pdl,

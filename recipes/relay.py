@@ -415,7 +415,7 @@ def launch_relay(index: torch.Tensor, srcs, dsts, widths, pools, gather: bool,
             _PLANS.clear()
         p = _PLANS[pk] = plan(B, widths, cfg)
     single, rs, fbs, ncbs, starts = p
-    pdl = C.pdl(index.device, starts[-1])
+    pdl = C.pdl(index.device)            # no main loop: release at start, any grid
     _relay_kernel[(starts[-1],)](
         index, index.stride(0), B, srcs, dsts, widths,
         tuple(t.stride(0) for t in srcs), tuple(t.stride(0) for t in dsts),

@@ -470,7 +470,7 @@ def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_siz
     split, tiles_per = split_plan(max(mp, 1), block_p, cfg["SPLIT"])   # mp = 0: one tile
     dummy = o["positions"] if o["positions"].numel() else o["cu_seqlens_q"]
     win = 0 if window is None else min(int(window), Cap + N)   # larger windows act alike
-    pdl = C.pdl(req_pool_indices.device, (B + 1) * split)
+    pdl = C.pdl(req_pool_indices.device)   # short programs: release at start, any grid
     _verify_metadata_kernel[(B + 1, split)](
         req_pool_indices, seq_lens, req_to_token, req_pool_indices.stride(0),
         seq_lens.stride(0), req_to_token.stride(0), req_to_token.stride(1),
