@@ -230,13 +230,21 @@ def test_budget_cuts_a_key_but_keeps_one_trial(tmp_path, fake):
 
 
 def _progress(db_dir):
-    """(evaluated trials, a trial is running with its params set)"""
+    """(finished evaluated trials, a trial is mid-evaluation: RUNNING, its params set and
+    no result recorded yet)
+
+    search() records a trial's result (user attr `tune`) a few ms before Optuna tells the
+    trial: a RUNNING trial that has one is finishing, so it counts as neither. Counted as
+    both, it let the test kill the tune after that tell and before the next trial was
+    created, leaving no RUNNING trial to retry."""
     try:
         trials = _study(db_dir, "fake_slow", "cpu-interpreter").trials
     except Exception:  # noqa: BLE001 - not created yet
         return 0, False
-    running = any(t.state == optuna.trial.TrialState.RUNNING and t.params for t in trials)
-    return sum(info(t).get("status") in EVALUATED for t in trials), running
+    done = sum(t.state.is_finished() and info(t).get("status") in EVALUATED for t in trials)
+    running = any(t.state == optuna.trial.TrialState.RUNNING and t.params and not info(t)
+                  for t in trials)
+    return done, running
 
 
 @pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
@@ -254,12 +262,21 @@ def test_killed_tune_resumes(tmp_path):
         while True:
             n, running = _progress(tmp_path)
             if n >= 2 and running:
-                break
+                # stop the tune and look again: the trial may have finished since that
+                # read, and what the store holds while the tune is stopped is exactly what
+                # the SIGKILL leaves (committed writes only)
+                os.killpg(p.pid, signal.SIGSTOP)
+                n, running = _progress(tmp_path)
+                if n >= 2 and running:
+                    break
+                os.killpg(p.pid, signal.SIGCONT)
             assert p.poll() is None, p.stdout.read().decode()[-3000:]
             assert time.time() - t0 < 120, "the first tune made no progress"
             time.sleep(0.1)
         os.killpg(p.pid, signal.SIGKILL)           # in the middle of a trial
     finally:
+        if p.poll() is None:                       # a failed wait: never leave it stopped
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     s = _study(tmp_path, "fake_slow", "cpu-interpreter")
     done_before = {t.number: info(t)["config_id"] for t in s.trials
