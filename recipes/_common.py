@@ -167,7 +167,10 @@ def pdl(device: torch.device, programs: int | None = None) -> int:
     no PDL for those grids, they gave up gains elsewhere; the late release keeps most
     of them with none of the losses (geomeans 0.94-0.99 per suite against no PDL there,
     no case more than 5% slower but one that varies as much between runs:
-    probes/pdl-late-vs-rule.txt).
+    probes/pdl-late-vs-rule.txt). The short copy kernels released late lost some of the
+    early release's gains, and early at any grid none of their cases was more than 5%
+    slower (relay 0.964, verify_metadata 0.974 against late:
+    probes/pdl-early-short-vs-late.txt).
 
     A PDL launch may start while the kernel before it on the stream is still running
     (in a CUDA graph too: capture keeps it as a programmatic edge). Every kernel that
