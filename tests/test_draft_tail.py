@@ -438,7 +438,7 @@ def test_dependent_launches_in_a_graph(device):
     for cfg in (None, {**SMALL, "SPLIT": 1}, {**SMALL, "BLOCK_V": 512, "SPLIT": 64,
                                              "num_warps": 2, "FUSE_H": 1},
                 {**SMALL, "BLOCK_V": 2048, "SPLIT": 1, "num_warps": 16, "FUSE_H": 1},
-                # 4 x 63 programs: more than an SM each, so the late release
+                # 4 x 63 = 252 programs, more than one an SM (H200: 132): the late release
                 {**SMALL, "BLOCK_V": 256, "SPLIT": 64, "num_warps": 1}):
         pos = torch.zeros(B, dtype=torch.int64, device=device)
         outs = [recipes.DraftTail(torch.empty(B, dtype=torch.int64, device=device),

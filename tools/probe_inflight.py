@@ -29,13 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from autotune.timing import rotation, time_graph
+from autotune.timing import rotation
 from recipes import _common as C
 from recipes._argmax_core import PACKED_EMPTY, pack, publish_packed, split_plan, unpack_index
 
 DT = importlib.import_module("recipes.draft_tail")
 from probe_layout import run_recipe  # noqa: E402
-from probe_tail import _check, _clone, _states, sayer  # noqa: E402
+from probe_tail import _clone, _states, rec, sayer, verified  # noqa: E402
 
 
 @triton.jit
@@ -75,7 +75,6 @@ def _tail(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, 
     r = DT._selected_row(rows_ptr, b, 1, R, True)
     lo = sp * tiles_per * BLOCK
     V = tl.minimum(lo + tiles_per * BLOCK, V) - lo     # the chunk's length from its start
-    n_tiles = tiles_per
     row = x_ptr + r * stride_x + lo
     hl = tl.arange(0, BLOCK_H)
     hc = sp * h_slice + hl
@@ -112,7 +111,7 @@ def _tail(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, 
     if D > 7:
         a7 = _ld(row, 7, lanes, V, BLOCK)
     tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
-    for t in range(0, n_tiles, D):
+    for t in range(0, tiles_per, D):
         best, bt, acc = _upd(a0, t, best, bt, acc, CMP)
         a0 = _ld(row, t + D, lanes, V, BLOCK)
         if D > 1:
@@ -156,8 +155,8 @@ def _tail(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, 
 
 @triton.jit
 def _stail(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr, h_ptr, hout_ptr,
-           sum_ptr, R, V, stride_x, stride_map, stride_pos, stride_dt, dt_col, n_tiles, H,
-           stride_h, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, S: tl.constexpr,
+           sum_ptr, R, V, stride_x, stride_map, stride_pos, stride_dt, dt_col, H, stride_h,
+           BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, S: tl.constexpr,
            CMP: tl.constexpr):
     """The staged scan: whole tiles through tl.range(num_stages=S) with no mask (no
     select after the shared-memory load), then the last, partial tile masked."""
@@ -200,7 +199,7 @@ def run_tail(st, cfg, sums):
         return _stail[(B,)](
             x, rows, tmap, out.tokens, out.probs, pos, dt, hid, out.hidden, sums,
             R, V, x.stride(0), tmap.stride(0), pos.stride(0), dt.stride(0),
-            st["column"] * dt.stride(1), C.cdiv(V, cfg["BLOCK"]), H, hid.stride(0),
+            st["column"] * dt.stride(1), H, hid.stride(0),
             BLOCK=cfg["BLOCK"], BLOCK_H=C.next_pow2(H), S=cfg["S"], CMP=cfg["CMP"],
             num_warps=cfg["w"], num_stages=cfg["S"])
     split, tiles_per = split_plan(V, cfg["BLOCK"], cfg.get("split", 1))
@@ -212,11 +211,6 @@ def run_tail(st, cfg, sums):
         st["column"] * dt.stride(1), split, tiles_per, H, hid.stride(0), h_slice,
         BLOCK=cfg["BLOCK"], BLOCK_H=C.next_pow2(h_slice), D=cfg["D"], CMP=cfg["CMP"],
         num_warps=cfg["w"], num_stages=1)
-
-
-def _t(fn, sts, twice=False):
-    t = time_graph(fn, sts, reps=30).p50
-    return (t, time_graph(fn, sts, reps=30, warm_gpu=False).p50) if twice else (t,)
 
 
 # The variants of each run (the first shape times them all, the others its best eight):
@@ -257,7 +251,7 @@ def main(path, part):
         sums = torch.empty(B * 8, device=dev)
         say(f"## B={B} V={V} H={H} bf16: issue's count {nb1 / 1e6:.2f} MB, 85% of 4.24 "
             f"TB/s: {nb1 / 4.24e6 / 0.85:.2f} us")
-        t = _t(lambda s: run_recipe(s, None), sts, twice=True)
+        t = rec(lambda s: run_recipe(s, None), sts, twice=True)
         say(f"recipe, dispatched config                      {t[0]:7.2f} {t[1]:7.2f}")
         res = []
         for cfg in cands if first is None else first:
@@ -268,15 +262,13 @@ def main(path, part):
             fn = (lambda s, c=cfg, o=sums: run_tail(s, c, o))
             try:
                 k = fn(sts[0])
-                regs, spills = k.n_regs, k.n_spills
-                bad = None if cmp_ == 9 else _check(fn, master)
             except Exception as e:  # noqa: BLE001
                 say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
                 continue
-            if bad:
-                say(f"{tag}: WRONG {bad}")
+            if cmp_ != 9 and not verified(say, tag, fn, master):   # CMP 9 only sums
                 continue
-            t = _t(fn, sts)[0]
+            regs, spills = k.n_regs, k.n_spills
+            t = rec(fn, sts)[0]
             say(f"{tag:<46} {t:7.2f}   regs {regs} spills {spills}")
             if cmp_ != 9:
                 res.append((t, tag, fn, cfg))
@@ -284,7 +276,7 @@ def main(path, part):
         if first is None:   # the other shapes: the first one's best eight
             first = [r[3] for r in res[:8]]
         for _, tag, fn, _ in res[:4]:
-            tt = _t(fn, sts, twice=True)
+            tt = rec(fn, sts, twice=True)
             say(f"best again: {tag:<34} {tt[0]:7.2f} {tt[1]:7.2f} "
                 f"({nb1 / tt[0] / 1e6:.2f} TB/s by the issue's count, "
                 f"{nb1 / tt[0] / 4.24e6:.0%})")

@@ -20,9 +20,8 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from probe_tail import sayer  # noqa: E402
+from probe_tail import rec, sayer  # noqa: E402
 
-from autotune.timing import time_graph
 from recipes import _common as C
 
 
@@ -90,8 +89,7 @@ def main(path):
     say(f"## B={B} V={V} bf16 logits only: {nb / 1e6:.2f} MB; at 4.24 TB/s {nb / 4.24e6:.2f} us")
 
     def t2(fn):
-        a = time_graph(fn, xs, reps=30).p50
-        b = time_graph(fn, xs, reps=30, warm_gpu=False).p50
+        a, b = rec(fn, xs, twice=True)
         return f"{a:7.2f} {b:7.2f}  ({nb / min(a, b) / 1e6:.2f} TB/s)"
 
     for bv, w in ((4096, 4), (2048, 4), (8192, 8)):

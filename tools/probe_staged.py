@@ -30,13 +30,13 @@ import triton.language as tl
 
 from autotune.precompile import Precompiler
 from autotune.registry import tunables
-from autotune.timing import rotation, time_graph
+from autotune.timing import rotation
 from recipes import _common as C
 
 DT = importlib.import_module("recipes.draft_tail")
 STAGED_BYTES = 64 * 1024   # the most shared memory the staged tiles took (commit 6a42719)
 from probe_layout import _readsum, run_recipe  # noqa: E402
-from probe_tail import _check, _clone, _states, sayer  # noqa: E402
+from probe_tail import _clone, _states, rec, sayer, verified  # noqa: E402
 
 
 @triton.jit
@@ -54,11 +54,6 @@ def _rowsum(x_ptr, rows_ptr, out_ptr, R, V, stride_x, n_tiles, BLOCK: tl.constex
     tl.store(out_ptr + b, tl.sum(acc, 0))
 
 
-def _t(fn, sts, twice=False):
-    t = time_graph(fn, sts, reps=30).p50
-    return (t, time_graph(fn, sts, reps=30, warm_gpu=False).p50) if twice else (t,)
-
-
 def _tag(c):
     return (f"{c['BLOCK_V']:>5} split {c['SPLIT']:>3} U{c['UNROLL']} w{c['num_warps']:<2} "
             f"S{c['num_stages']} fuse {c['FUSE_H']} bh {c['BLOCK_H']}")
@@ -67,15 +62,9 @@ def _tag(c):
 def _trial(say, res, cfg, sts, master, tag=None):
     fn = (lambda s, c=cfg: run_recipe(s, c))
     tag = tag or _tag(cfg)
-    try:
-        bad = _check(fn, master)
-    except Exception as e:  # noqa: BLE001
-        say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
+    if not verified(say, tag, fn, master):
         return
-    if bad:
-        say(f"{tag}: WRONG {bad}")
-        return
-    t = _t(fn, sts)[0]
+    t = rec(fn, sts)[0]
     res.append((t, tag, cfg))
     say(f"{tag:<58} {t:7.2f}")
 
@@ -83,7 +72,7 @@ def _trial(say, res, cfg, sts, master, tag=None):
 def _again(say, res, sts, nb, n=5):
     res.sort(key=lambda r: r[0])
     for _, tag, cfg in res[:n]:
-        tt = _t(lambda s, c=cfg: run_recipe(s, c), sts, twice=True)
+        tt = rec(lambda s, c=cfg: run_recipe(s, c), sts, twice=True)
         say(f"best again: {tag:<48} {tt[0]:7.2f} {tt[1]:7.2f} "
             f"({nb / tt[0] / 1e6:.2f} TB/s, {nb / tt[0] / 4.24e6:.0%})")
 
@@ -105,7 +94,7 @@ def main(path):
         f"85% of 4.24 TB/s is {nb1 / 4.24e6 / 0.85:.2f} us)")
     xs = [torch.randn(nb // 2, device=dev).to(torch.bfloat16) for _ in range(rotation(nb))]
     part = torch.empty(C.cdiv(nb // 2, 4096), device=dev)
-    t = _t(lambda x: _readsum[(C.cdiv(nb // 2, 4096),)](x, part, nb // 2, BLOCK=4096,
+    t = rec(lambda x: _readsum[(C.cdiv(nb // 2, 4096),)](x, part, nb // 2, BLOCK=4096,
                                                           num_warps=4), xs, twice=True)
     say(f"read-only, 8 KB a program, same bytes              {t[0]:7.2f} {t[1]:7.2f}")
     sums = torch.empty(B, device=dev)
@@ -114,7 +103,7 @@ def main(path):
             if (S - 1) * bv * 2 > STAGED_BYTES:
                 continue
             try:
-                t = _t(lambda s, bv=bv, w=w, S=S: _rowsum[(B,)](
+                t = rec(lambda s, bv=bv, w=w, S=S: _rowsum[(B,)](
                     s["logits"], s["rows"], sums, s["logits"].shape[0], V,
                     s["logits"].stride(0), C.cdiv(V, bv), BLOCK=bv, STAGES=S, num_warps=w,
                     num_stages=S), sts)

@@ -200,6 +200,20 @@ def _check(fn, master):
     return bad or None
 
 
+def verified(say, tag, fn, master):
+    """True when fn's outputs equal the reference's (`_check`); else says why (ERROR or
+    WRONG, with `tag`) and returns False: such a variant is not timed."""
+    try:
+        bad = _check(fn, master)
+    except Exception as e:  # noqa: BLE001
+        say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
+        return False
+    if bad:
+        say(f"{tag}: WRONG {bad}")
+        return False
+    return True
+
+
 def sayer(path):
     """A print that also appends to `path` (emptied first), so a cut run keeps its lines."""
     open(path, "w").close()
