@@ -31,7 +31,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from probe_tail import _check, _clone, _states, rec, sayer
+from probe_tail import _check, _clone, _states, rec, sayer, verified
 
 from autotune.timing import rotation
 from recipes import _common as C
@@ -362,13 +362,7 @@ def main(path):
 
 
 def _timed(say, tag, call, sts, master, check=True):
-    try:
-        bad = _check(call, master) if check else None
-    except Exception as e:  # noqa: BLE001
-        say(f"{tag}: ERROR {type(e).__name__}: {str(e)[:160]}")
-        return None
-    if bad:
-        say(f"{tag}: WRONG {bad}")
+    if check and not verified(say, tag, call, master):
         return None
     return rec(call, sts)[0]
 
