@@ -1,6 +1,9 @@
 # spec-cookbook. `make tune` and `make test` each set up what they need on a fresh
-# machine (a .venv with CPU torch 2.13.0 and triton 3.6.0) unless a CUDA torch is
-# already importable, in which case they use that Python as it is (GPU machines).
+# machine. Without a CUDA torch: a .venv with CPU torch 2.13.0, triton 3.6.0 and the
+# extras, NumPy kept below 2.4 for the Triton interpreter. With a CUDA torch importable:
+# that Python's environment, into which the extras are installed (pip's default strategy
+# upgrades nothing that is already satisfied, and no pin there lowers a version; pip's
+# usual PIP_INDEX_URL / PIP_FIND_LINKS settings apply).
 PY_SYS    ?= python3
 VENV      ?= .venv
 TORCH_CPU ?= torch==2.13.0
@@ -8,21 +11,25 @@ TRITON    ?= triton==3.6.0
 HAS_CUDA  := $(shell $(PY_SYS) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1)
 ifeq ($(HAS_CUDA),1)
   PY := $(PY_SYS)
-  SETUP :=
+  SETUP := build/.extras-installed
 else
   PY := $(VENV)/bin/python
   SETUP := $(VENV)/.installed
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install test test-gpu tune tune-smoke quality bench targets lint clean
+.PHONY: install test test-gpu tune quality bench targets example-bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY_SYS) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH_CPU)" "$(TRITON)"
-	$(VENV)/bin/pip install -q -e ".[tune,dev]"
+	$(VENV)/bin/pip install -q -e ".[tune,dev,interpreter,examples]"
 	touch $@
+
+build/.extras-installed: pyproject.toml
+	$(PY_SYS) -m pip install -q -e ".[tune,dev,examples]"
+	@mkdir -p build && touch $@
 
 install: $(SETUP)
 
@@ -32,19 +39,19 @@ test: $(SETUP)
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
 
 # The same suite with compiled kernels; fails if no GPU is visible.
-test-gpu:
+test-gpu: $(SETUP)
 	$(PY_SYS) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device visible')"
 	@SPEC_TEST_DEVICE=cuda $(PY_SYS) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-gpu: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
 
-# The default key set on this GPU; without a GPU, a labelled smoke tune under the
-# Triton interpreter into results/cpu-interpreter/.
-# (e.g. TUNE_ARGS="--recipe argmax --budget-s 120"; `python -m autotune tune -h` lists all)
+# The default key set on this GPU -> results/<gpu>/<recipe>.json and tune-report.json;
+# without a GPU, a labelled smoke tune under the Triton interpreter into
+# results/cpu-interpreter/. (e.g. TUNE_ARGS="--recipe argmax"; `python -m autotune tune -h`)
 TUNE_ARGS ?=
 tune: $(SETUP)
 	$(PY) -m autotune tune $(TUNE_ARGS)
 
-# How good the search is: exhaustive optimum vs the tuner's Optuna search on >= 10 keys
+# How good the search is: exhaustive optimum vs the tuner's search on >= 12 keys
 # -> results/<gpu>/tuner-quality.md (resumable: run it again if it was stopped).
 QUALITY_ARGS ?=
 quality: $(SETUP)
@@ -59,10 +66,10 @@ bench: $(SETUP)
 # The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
 RESULTS ?= results/h200
 targets: $(SETUP)
-	$(PY) tools/targets.py $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md
+	$(PY) -m autotune.targets $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md
 
 lint: $(SETUP)
-	$(PY) -m ruff check recipes autotune tests
+	$(PY) -m ruff check recipes autotune tests examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) build .pytest_cache

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
         preset = args.preset or "full"
-        from autotune.dispatch import gpu_slug
+        from recipes.tables import gpu_slug
 
         out = Path(args.out) if args.out else _results_root() / gpu_slug(device)
         if preset != "full" and not args.out:     # never over the committed full results
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
 
 
 def _results_root() -> Path:
-    from autotune.dispatch import results_root
+    from recipes.tables import results_root
 
     return results_root()
 
@@ -318,8 +318,8 @@ def _sync(device) -> None:
 def tuned_status(fn, state, device) -> tuple[str, list]:
     """Run `fn(state)` once with config tracing on: 'none' (no tuned config was used),
     'same' (every tuned config equals the heuristic's) or 'differs'; plus the traces."""
-    from autotune import dispatch
     from autotune.registry import tunables
+    from recipes import tables as dispatch
 
     with dispatch.trace_configs() as trace:
         fn(state)
@@ -406,8 +406,8 @@ def run_suite(suite, preset: str, device, copy_bw: float, reps: int, seed: int,
     """Time every case of one suite (until `deadline`, a perf_counter time)."""
     import torch
 
-    from autotune import dispatch
     from autotune.timing import rotation
+    from recipes import tables as dispatch
 
     t0 = time.perf_counter()
     cases = suite.cases(preset) if cases is None else cases

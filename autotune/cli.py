@@ -161,12 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _slug(a) -> str:
-    from .dispatch import gpu_slug
+    from recipes.tables import gpu_slug
     return a.slug or gpu_slug()          # gpu_slug() picks this machine's device
 
 
 def _root(a) -> Path:
-    from .dispatch import results_root
+    from recipes.tables import results_root
     return Path(a.results) if a.results else results_root()
 
 

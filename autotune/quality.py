@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from .dispatch import gpu_slug
+from recipes.tables import gpu_slug
+
 from .registry import key_str
 from .search import (
     EVALUATED,

@@ -1,99 +1,24 @@
-"""The recipe registry: what a recipe declares so that the tuner and the benchmarks can
-work on it without knowing it by name.
+"""What the tuner and the benchmarks work on, without knowing any recipe by name.
 
-A recipe module builds one `Tunable` and calls `register(...)` at import time; the
-tuner imports the recipe package (`recipes` by default) and iterates `tunables()`.
-A recipe may also register a `BenchSuite` for `make bench`.
-
-Key: a flat dict of the call's shape that can change the best config, e.g.
-{"dtype": "bfloat16", "V": 151936, "R": 4}. String fields must match exactly when
-dispatch looks for the nearest tuned key; numeric fields are compared in log2 space.
+Tunables are the library's own declarations (`recipes.tuning.Tuning`, one `TUNING` per
+recipe module, listed by `recipes.tuning.all_tunings()`), plus any that a caller
+registers (tests register throw-away ones). Benchmark suites are declared per recipe
+under `autotune/suites/` (one module a recipe, each with a `SUITES` list), as
+benchmarks are per op by nature.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
-import itertools
+import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from recipes import tuning as _lib
+from recipes.tuning import Tuning, bits, key_str, outputs_equal  # noqa: F401 (re-exported)
 
-@dataclass
-class Tunable:
-    name: str                                   # table name: results/<gpu>/<name>.json
-    space: dict[str, tuple]                     # parameter -> choices
-    heuristic: Callable[[dict, torch.device], dict]
-    make_inputs: Callable[[dict, torch.device, int], Any]   # (key, device, seed) -> inputs
-    run: Callable[[Any, dict], Any]             # (inputs, config) -> outputs (our kernel)
-    reference: Callable[[Any], Any]             # inputs -> outputs (plain torch semantics)
-    bytes_moved: Callable[[dict], int]          # key -> fewest bytes a call must move
-    default_keys: Callable[[str], list[dict]]   # preset ("gpu" | "smoke") -> keys to tune
-    constraint: Callable[[dict, dict], bool] | None = None   # (config, key) -> allowed
-    torch_peer: Callable[[Any], Any] | None = None   # inputs -> outputs, torch's way
-    compare: Callable[[Any, Any], bool] | None = None  # (ours, ref) -> equal; default exact
-    sources: tuple = ()                         # modules/functions whose source is hashed
-
-    def configs(self, key: dict) -> list[dict]:
-        """Every config of the space that the static constraint admits for `key`."""
-        names = list(self.space)
-        out = []
-        for values in itertools.product(*(self.space[n] for n in names)):
-            cfg = dict(zip(names, values, strict=True))
-            if self.constraint is None or self.constraint(cfg, key):
-                out.append(cfg)
-        return out
-
-    def space_hash(self) -> str:
-        return hashlib.sha256(repr(sorted(self.space.items())).encode()).hexdigest()[:16]
-
-    def source_hash(self) -> str:
-        h = hashlib.sha256()
-        for obj in self.sources:
-            fn = getattr(obj, "fn", obj)   # a triton JITFunction wraps .fn
-            try:
-                h.update(inspect.getsource(fn).encode())
-            except (OSError, TypeError):
-                h.update(repr(obj).encode())
-        return h.hexdigest()[:16]
-
-    def equal(self, ours, ref) -> bool:
-        return (self.compare or outputs_equal)(ours, ref)
-
-    def admits(self, config: dict, key: dict) -> bool:
-        """True when `config` sets every parameter of the space to one of its choices and
-        the static constraint accepts it for `key` (extra keys are allowed)."""
-        try:
-            for name, choices in self.space.items():
-                if name not in config or config[name] not in choices:
-                    return False
-            return self.constraint is None or bool(self.constraint(config, key))
-        except Exception:  # noqa: BLE001 - a constraint that chokes on it rejects it
-            return False
-
-
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bit patterns on the CPU (floating dtypes as same-size integers, so -0.0
-    differs from +0.0 and a NaN equals the same NaN); other dtypes as they are."""
-    t = t.detach().cpu().contiguous()
-    if t.is_floating_point():
-        return t.view(_SAME_SIZE_INT[t.element_size()])
-    return t
-
-
-def outputs_equal(a, b) -> bool:
-    """Bitwise equality of (nested tuples of) tensors; None matches None."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(bits(a), bits(b)))
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+Tunable = Tuning       # the tuner's name for a recipe's declaration
 
 
 @dataclass
@@ -120,23 +45,41 @@ class BenchSuite:
     extra: dict = field(default_factory=dict)
 
 
-_TUNABLES: dict[str, Tunable] = {}
+_EXTRA: dict[str, Tuning] = {}
+_LIBRARY: dict[str, Tuning] = {}
 _BENCHES: dict[str, BenchSuite] = {}
+_LOADED_SUITES: list = []
 
 
-def register(t: Tunable) -> Tunable:
-    _TUNABLES[t.name] = t
-    return t
+def register(t: Tuning) -> Tuning:
+    """Add a tunable besides the library's (tests use throw-away ones); dispatch checks
+    its tables too (`recipes.tuning.register`)."""
+    _EXTRA[t.name] = t
+    return _lib.register(t)
 
 
 def unregister(name: str) -> None:
-    """Forget a tunable (tests register throw-away ones)."""
-    _TUNABLES.pop(name, None)
+    _EXTRA.pop(name, None)
+    _lib.unregister(name)
 
 
-def key_str(key: dict) -> str:
-    """A key as one stable string: 'R=4,V=151936,dtype=bfloat16' (fields sorted)."""
-    return ",".join(f"{k}={key[k]}" for k in sorted(key))
+def load_recipes(package: str = "recipes") -> None:
+    """Read the tuning declarations of a recipe package (one with a `tuning` module whose
+    `all_tunings()` lists them), or import a module that `register`s its own."""
+    importlib.import_module(package)
+    try:
+        mod = importlib.import_module(f"{package}.tuning")
+    except ModuleNotFoundError:
+        return
+    for t in mod.all_tunings():
+        _LIBRARY[t.name] = t
+
+
+def tunables() -> dict[str, Tuning]:
+    """The library's declarations (read on first use) and any registered ones."""
+    if not _LIBRARY:
+        load_recipes()
+    return {**_LIBRARY, **_EXTRA}
 
 
 def register_bench(s: BenchSuite) -> BenchSuite:
@@ -144,16 +87,19 @@ def register_bench(s: BenchSuite) -> BenchSuite:
     return s
 
 
-def load_recipes(package: str = "recipes") -> None:
-    """Import the recipe package so that its modules register themselves."""
-    import importlib
+def load_suites() -> None:
+    """Import every module of `autotune.suites`; each lists its suites in `SUITES`."""
+    from . import suites
 
-    importlib.import_module(package)
-
-
-def tunables() -> dict[str, Tunable]:
-    return dict(_TUNABLES)
+    _LOADED_SUITES.append(True)
+    for info in pkgutil.iter_modules(suites.__path__):
+        mod = importlib.import_module(f"{suites.__name__}.{info.name}")
+        for s in getattr(mod, "SUITES", ()):
+            register_bench(s)
 
 
 def benches() -> dict[str, BenchSuite]:
+    """Every suite of `autotune.suites` (imported on first use) and any registered one."""
+    if not _LOADED_SUITES:
+        load_suites()
     return dict(_BENCHES)

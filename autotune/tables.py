@@ -1,5 +1,5 @@
 """Tuned tables: `results/<gpu-slug>/<recipe>.json`, what `autotune tune` writes and what
-recipes dispatch from (`autotune.dispatch`).
+recipes dispatch from (`recipes.tables`, the one reader).
 
 Format (JSON, one object; `format` names the version):
 
@@ -45,10 +45,13 @@ Format (JSON, one object; `format` names the version):
 Microseconds are per call. `config` always holds every parameter of the recipe's space
 (plus any extra field the heuristic returns), so a launcher can use it as it is.
 
-Dispatch (autotune/dispatch.py) needs only `entries[*].key` / `entries[*].config` and
-`header.space_hash` / `header.interpreter`: a table whose space hash differs from the
-registered recipe's space is ignored with one warning, and so is any entry whose config
-the current space does not admit. Everything else is for people (`autotune show`,
+Dispatch (recipes/tables.py) needs only `entries[*].key` / `entries[*].config` /
+`entries[*].no_slower_at` and `header.space_hash` / `header.source_hash` /
+`header.interpreter`: a table whose space or source hash differs from the recipe's is
+ignored with one warning, and so is any entry whose config the current space does not
+admit. `no_slower_at` lists the other tuned keys where the entry's config was measured
+no slower than the heuristic; dispatch lends a config to an untuned key only when it
+held up at every tuned key near it. Everything else is for people (`autotune show`,
 `autotune report`).
 
 Writes are atomic: the JSON goes to a temporary file in the same folder, is flushed and
@@ -139,6 +142,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; a table is for all
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -160,6 +164,12 @@ def write_text_atomic(path: Path, text: str) -> None:
         pass
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def dumps(data) -> str:
     """Indented JSON with lists of scalars kept on one line."""
     text = json.dumps(data, indent=1, sort_keys=False, default=_json_default)
@@ -177,7 +187,7 @@ def _json_default(o):
 
 def read_table(path: Path) -> dict:
     """Parse and check a table; raises ValueError (or OSError) on anything malformed."""
-    from .dispatch import load_table
+    from recipes.tables import load_table
 
     data = load_table(Path(path))
     if not isinstance(data.get("header", {}), dict):
@@ -189,7 +199,7 @@ def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tu
     """Entries for a rewritten table: the new ones, plus old entries for other keys when
     the old table was made by the same kernels over the same space on the same kind of
     device (else they are stale and dropped). Returns (entries, old entries dropped)."""
-    from .registry import key_str
+    from recipes.tuning import key_str
 
     new_keys = {key_str(e["key"]) for e in new_entries}
     kept, dropped = [], 0
@@ -213,7 +223,7 @@ def previous_configs(path: Path, tunable, device: torch.device, slug: str) -> di
     """{key_str: config} of the table already at `path`, when that table was made over
     the same space on the same kind of device (its kernels may differ: the tuner
     re-checks and re-times a config before it can be kept); else {}."""
-    from .registry import key_str
+    from recipes.tuning import key_str
 
     old = _read_or_none(path)
     oh = (old or {}).get("header") or {}

@@ -56,8 +56,9 @@ from pathlib import Path
 
 import torch
 
+from recipes.tables import gpu_slug, results_root
+
 from . import registry
-from .dispatch import gpu_slug, results_root
 from .registry import Tunable, key_str
 from .search import (
     Encoding,

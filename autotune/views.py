@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .dispatch import results_root
+from recipes.tables import results_root
+
 from .registry import key_str
 from .tables import FORMAT, read_table
 

@@ -1,16 +1,20 @@
 """spec-cookbook: Triton kernels for the hot paths of speculative decoding.
 
 Every public function matches the plain-torch `reference` of its module bit for bit;
-see SPEC.md for the contract. CPU tensors run the same kernels under the Triton
+docs/contract.md states the contract. CPU tensors run the same kernels under the Triton
 interpreter (set TRITON_INTERPRET=1 before importing).
 """
-from . import ops  # noqa: F401  (registers torch.ops.spec_cookbook.*, the custom ops)
-from .argmax import argmax
-from .chain_verify import VerifyResult, chain_verify
-from .copy_inputs import copy_inputs
-from .draft_tail import DraftTail, draft_tail
-from .relay import relay_gather, relay_scatter
-from .verify_metadata import VerifyMetadata, verify_metadata
+__version__ = "0.2.0"
 
-__all__ = ["argmax", "chain_verify", "VerifyResult", "draft_tail", "DraftTail",
-           "verify_metadata", "VerifyMetadata", "copy_inputs", "relay_scatter", "relay_gather"]
+from . import ops  # noqa: F401,E402  (registers torch.ops.spec_cookbook.*, the custom ops)
+from ._common import pdl_off  # noqa: E402
+from .argmax import argmax  # noqa: E402
+from .chain_verify import VerifyResult, chain_verify  # noqa: E402
+from .copy_inputs import copy_inputs  # noqa: E402
+from .draft_tail import DraftTail, draft_tail  # noqa: E402
+from .relay import relay_gather, relay_scatter  # noqa: E402
+from .verify_metadata import VerifyMetadata, verify_metadata  # noqa: E402
+
+__all__ = ["__version__", "argmax", "chain_verify", "VerifyResult", "copy_inputs",
+           "draft_tail", "DraftTail", "relay_gather", "relay_scatter", "verify_metadata",
+           "VerifyMetadata", "pdl_off"]

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from autotune.dispatch import resolve as _resolve  # light module: no optuna import
+from .tables import resolve as _resolve
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -296,7 +296,7 @@ WORKSPACE = _Workspace()
 def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
     """The tuned config of the nearest key for this GPU, else the heuristic's (a fresh
     dict). Resolved once per (recipe, device, key): later calls with the same key cost a
-    dict lookup (`autotune.dispatch.resolve`; `dispatch.clear_cache()` forgets)."""
+    dict lookup (`recipes.tables.resolve`; `tables.clear_cache()` forgets)."""
     return dict(_resolve(recipe, key, heuristic, device))
 
 

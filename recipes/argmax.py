@@ -32,6 +32,7 @@ from ._argmax_core import (
     split_plan,
     unpack_index,
 )
+from .tuning import Tuning
 
 NAME = "argmax"
 
@@ -121,7 +122,7 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,
     return out
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 def _make_inputs(key: dict, device: torch.device, seed: int):
     """Random logits (drawn on the device: benchmarks make GBs of them) with a planted
     tie for each row's max, so configs are compared on rows where the lowest-index rule
@@ -148,59 +149,13 @@ def _default_keys(preset: str) -> list[dict]:
             for v in (32000, 151936) for r in (1, 4, 32, 256)]
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=_make_inputs,
-        run=lambda x, cfg: argmax(x, config=cfg),
-        reference=reference, torch_peer=reference,
-        bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_argmax_kernel, chunk_argmax_packed, publish_packed, launch_argmax)))
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=_make_inputs,
+    run=lambda x, cfg: argmax(x, config=cfg),
+    reference=reference, torch_peer=reference,
+    bytes_moved=_bytes, default_keys=_default_keys,
+    sources=(_argmax_kernel, chunk_argmax_packed, publish_packed, launch_argmax))
 
 
-_register()
 argmax.reference = reference   # `recipes.argmax.reference` reaches the semantics too
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    if preset == "smoke":
-        shapes = [(torch.bfloat16, 2, 4096)]
-    elif preset == "quick":
-        shapes = [(torch.bfloat16, r, 151936) for r in (1, 4, 256)]
-    else:
-        shapes = [(dt, r, v) for dt in (torch.bfloat16, torch.float32)
-                  for v in (32000, 128256, 129280, 151936, 262144)
-                  for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    cases = []
-    for dt, R, V in shapes:
-        key = tune_key(dt, V, R)
-
-        def make(device, seed, key=key):
-            x = _make_inputs(key, device, seed)
-            return {"x": x, "out": torch.empty(x.shape[0], dtype=torch.int64, device=device)}
-
-        cases.append(BenchCase(
-            label={"dtype": C._dtype_name(dt), "R": R, "V": V}, make=make, bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(lambda s: argmax(s["x"], out=s["out"])),
-                "torch eager": BenchVariant(lambda s: torch.argmax(s["x"], 1), eager=True,
-                                            peer=True),
-                "torch graph": BenchVariant(lambda s: torch.argmax(s["x"], 1), peer=True),
-            }))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="argmax",
-        notes="ours: one launch, split reduction with in-kernel stage 2; "
-              "torch: torch.argmax(dim=1). Bytes: the logits read once."))
-
-
-_register_bench()

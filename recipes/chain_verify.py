@@ -83,6 +83,7 @@ from ._argmax_core import (
     unpack_index,
 )
 from ._gumbel_core import sampled_chunk_packed
+from .tuning import Tuning
 
 NAME = "chain_verify"
 MAXC = 4        # filtered scan: lanes scored exactly besides the top one, else rescan
@@ -351,7 +352,7 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatur
 chain_verify.reference = reference
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 def torch_sampling(logits, draft_tokens, temperature):
     """The usual torch sampling pipeline as a peer (not the same random stream, so not
     the same tokens): softmax(logits / T) per row, the exponential race
@@ -408,120 +409,11 @@ def _default_keys(preset: str) -> list[dict]:
     return greedy + sampled + [tune_key(torch.bfloat16, 32000, 8, 3, True)]
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=make_inputs,
-        run=lambda inp, cfg: chain_verify(inp[0], inp[1], config=cfg, **inp[2]),
-        reference=lambda inp: reference(inp[0], inp[1], **inp[2]), torch_peer=_peer,
-        bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
-                 launch_verify, GC)))
-
-
-_register()
-
-
-def _greedy_shapes(preset: str):
-    if preset == "smoke":
-        return [(torch.bfloat16, 1, 3, 4096)]
-    if preset == "quick":
-        return [(torch.bfloat16, b, k, 151936) for b, k in ((1, 3), (64, 4), (256, 7))]
-    return [(dt, b, k, v) for dt in (torch.bfloat16, torch.float32)
-            for v in (32000, 128256, 129280, 151936, 262144)
-            for k in (1, 3, 4, 7) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
-            if k != 4 or b >= 64 or b == 1]
-
-
-def _sampled_shapes(preset: str):
-    if preset == "smoke":
-        return [(torch.bfloat16, 1, 3, 4096)]
-    if preset == "quick":
-        return [(torch.bfloat16, b, k, 151936) for b, k in ((1, 3), (64, 4), (256, 7))]
-    vocab = (32000, 128256, 129280, 151936, 262144)
-    shapes = [(torch.bfloat16, b, 3, v) for v in vocab for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    shapes += [(dt, b, 4, v) for dt in (torch.bfloat16, torch.float32) for v in vocab
-               for b in (1, 64)]
-    shapes += [(torch.bfloat16, b, k, 151936) for k in (1, 7) for b in (1, 8, 64, 256)]
-    shapes += [(torch.float32, b, 3, 151936) for b in (1, 8, 64, 256)]
-    return list(dict.fromkeys(shapes))
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    cases = []
-    for dt, B, K, V in _greedy_shapes(preset):
-        key = tune_key(dt, V, B, K)
-
-        def make(device, seed, key=key):
-            x, d, _ = make_inputs(key, device, seed)
-            out = reference(x, d)
-            return {"x": x, "d": d, "out": VerifyResult(*[t.clone() for t in out])}
-
-        cases.append(BenchCase(
-            label={"dtype": C._dtype_name(dt), "B": B, "K": K, "V": V},
-            make=make, bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(lambda s: chain_verify(s["x"], s["d"], out=s["out"])),
-                "torch eager": BenchVariant(lambda s: reference(s["x"], s["d"]),
-                                            eager=True, peer=True),
-                "torch graph": BenchVariant(lambda s: reference(s["x"], s["d"]), peer=True),
-            }))
-    return cases
-
-
-def _sampled_bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    cases = []
-    for dt, B, K, V in _sampled_shapes(preset):
-        key = tune_key(dt, V, B, K, True)
-
-        def make(device, seed, key=key):
-            x, d, kw = make_inputs(key, device, seed)
-            out = reference(x, d)
-            return {"x": x, "d": d, "kw": kw, "out": VerifyResult(*[t.clone() for t in out])}
-
-        cases.append(BenchCase(
-            label={"dtype": C._dtype_name(dt), "B": B, "K": K, "V": V},
-            make=make, bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(
-                    lambda s: chain_verify(s["x"], s["d"], out=s["out"], **s["kw"])),
-                # the same launch on the same logits, greedy: the ratio ours / this is the
-                # price of the random numbers
-                "ours (greedy)": BenchVariant(
-                    lambda s: chain_verify(s["x"], s["d"], out=s["out"])),
-                "torch eager": BenchVariant(
-                    lambda s: torch_sampling(s["x"], s["d"], s["kw"]["temperature"]),
-                    eager=True, peer=True),
-                "torch graph": BenchVariant(
-                    lambda s: torch_sampling(s["x"], s["d"], s["kw"]["temperature"]),
-                    peer=True),
-            }))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="chain_verify (greedy)",
-        notes="ours: one launch (argmax of every row fused with the accept logic); "
-              "torch: argmax over the rows, then cumprod/where/gather for the accept "
-              "logic. Bytes: the logits read once plus drafts and outputs.",
-        extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}}}))
-    register_bench(BenchSuite(
-        name=NAME + "_sampled", cases=_sampled_bench_cases, title="chain_verify (sampled)",
-        notes="ours: one launch, every request sampled (temperature in [0.5, 1.5]): "
-              "Gumbel-max on Triton's Philox stream fused with the accept logic; "
-              "ours (greedy): the same launch without temperature; torch: softmax(logits / "
-              "T), exponential race argmax(probs / Exp(1)), accept logic (a different "
-              "random stream: same distribution, not the same tokens). Bytes: the logits "
-              "read once plus drafts, sampling inputs and outputs."))
-
-
-_register_bench()
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=make_inputs,
+    run=lambda inp, cfg: chain_verify(inp[0], inp[1], config=cfg, **inp[2]),
+    reference=lambda inp: reference(inp[0], inp[1], **inp[2]), torch_peer=_peer,
+    bytes_moved=_bytes, default_keys=_default_keys,
+    sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
+             launch_verify, GC))

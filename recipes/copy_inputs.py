@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
+from .tuning import Tuning
 
 NAME = "copy_inputs"
 MAX_PAIRS = 16
@@ -197,7 +198,7 @@ def copy_inputs(pairs, *, config: dict | None = None) -> None:
     return None
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 _MIX = (torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.float16, torch.bool,
         torch.int8, torch.float64)
 
@@ -260,62 +261,11 @@ def _default_keys(preset: str) -> list[dict]:
     return [tune_key(8, 4096), tune_key(2, 64 << 20)]
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=make_pairs, run=_run, reference=_ref, torch_peer=_peer,
-        bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_copy_inputs_kernel, _copy_chunk, launch_copy_inputs, _plan)))
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=make_pairs, run=_run, reference=_ref, torch_peer=_peer,
+    bytes_moved=_bytes, default_keys=_default_keys,
+    sources=(_copy_inputs_kernel, _copy_chunk, launch_copy_inputs, _plan))
 
 
-_register()
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    if preset == "smoke":
-        shapes = [(3, 1024)]
-    elif preset == "quick":
-        shapes = [(8, 4096), (16, 4096), (8, 1 << 20)]
-    else:
-        shapes = [(1, 4096), (8, 256), (8, 4096), (16, 4096), (8, 1 << 20), (2, 64 << 20),
-                  (16, 16 << 20)]
-    cases = []
-    for n_pairs, nbytes in shapes:
-        key = tune_key(n_pairs, nbytes)
-
-        def make(device, seed, key=key):
-            return make_pairs(key, device, seed)
-
-        def torch_copies(pairs):
-            for d, s in pairs:
-                d.copy_(s)
-
-        cases.append(BenchCase(
-            label={"pairs": n_pairs, "pair_bytes": nbytes}, make=make,
-            bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(lambda s: copy_inputs(s)),
-                "ours eager": BenchVariant(lambda s: copy_inputs(s), eager=True),
-                "torch eager": BenchVariant(torch_copies, eager=True, peer=True),
-                "torch graph": BenchVariant(torch_copies, peer=True),
-            }))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="copy_inputs (step-graph input copies)",
-        notes="ours: one launch for every pair (bits, widest aligned int unit); torch: one "
-              "dst.copy_(src) per pair. Mixed dtypes (fp32, bf16, int64, int32, fp16, bool, "
-              "int8, fp64); the first pair has pair_bytes bytes, the others a few elements "
-              "fewer. Bytes: every pair read and written once."))
-
-
-_register_bench()
 copy_inputs.reference = reference

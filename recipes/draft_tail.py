@@ -82,6 +82,7 @@ from ._argmax_core import (
     unpack_index,
 )
 from ._common import cdiv, next_pow2
+from .tuning import Tuning
 
 NAME = "draft_tail"
 
@@ -476,7 +477,7 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
 draft_tail.reference = reference
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 def make_inputs(key: dict, device: torch.device, seed: int) -> dict:
     """R = 2B logits rows with planted cross-row ties, B of them selected out of order,
     a non-monotone int64 map, hidden rows in the logits' dtype, positions and a
@@ -548,73 +549,10 @@ def _default_keys(preset: str) -> list[dict]:
             for v, b, h in ((32000, 1, 4096), (151936, 16, 4096), (151936, 256, 4096))]
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=make_inputs, run=_tune_run, reference=_tune_reference,
-        torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
-                 chunk_first, chunk_scan, publish_packed, spin_collect, C.pdl_enter,
-                 C.pdl_release, launch_draft_tail)))
-
-
-_register()
-
-
-def _call_no_pdl(s: dict) -> DraftTail:
-    """ours launched without programmatic dependent launch: what the tail costs after a
-    kernel that does not let it start early."""
-    with C.pdl_off():
-        return _call(s, out=s["out"])
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    if preset == "smoke":
-        shapes = [(1, 4096, 256), (3, 1000, 64)]
-    elif preset == "quick":
-        shapes = [(1, 32000, 4096), (8, 151936, 4096), (64, 128256, 7168),
-                  (256, 151936, 4096)]
-    else:
-        shapes = [(b, v, h) for v in (32000, 128256, 151936) for h in (4096, 7168)
-                  for b in (1, 8, 64, 256)]
-    cases = []
-    for B, V, H in shapes:
-        key = tune_key(torch.bfloat16, V, B, H)
-
-        def make(device, seed, key=key):
-            inp = make_inputs(key, device, seed)
-            res = reference(inp["logits"], inp["rows"], inp["hidden"], inp["token_map"])
-            inp["out"] = DraftTail(*[None if t is None else t.clone() for t in res])
-            return inp
-
-        cases.append(BenchCase(
-            label={"dtype": "bfloat16", "B": B, "V": V, "H": H},
-            make=make, bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(lambda s: _call(s, out=s["out"])),
-                "ours, PDL off": BenchVariant(_call_no_pdl),
-                "torch eager": BenchVariant(_torch_tail, eager=True, peer=True),
-                "torch graph": BenchVariant(_torch_tail, peer=True),
-            }))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="draft_tail (top-1 draft tail)",
-        notes="ours: one launch (argmax of the selected rows read in place, token map, "
-              "probs, positions += 1, draft_tokens column, hidden-row gather), replayed "
-              "back to back, so that on sm_90+ each call's launch overlaps the call "
-              "before it (PDL); 'ours, PDL off': the same launches without PDL; torch: "
-              "index the rows, argmax, map, gather hidden, positions += 1, column write. "
-              "Bytes: the selected logits rows read once plus the hidden rows read and "
-              "written once (bf16)."))
-
-
-_register_bench()
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=make_inputs, run=_tune_run, reference=_tune_reference,
+    torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
+    sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
+             chunk_first, chunk_scan, publish_packed, spin_collect, C.pdl_enter,
+             C.pdl_release, launch_draft_tail))

@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
+from .tuning import Tuning
 
 NAME = "relay"
 MAX_FIELDS = 8
@@ -453,7 +454,7 @@ relay_scatter.reference = reference_scatter
 relay_gather.reference = reference_gather
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 POOL = 1024
 # the decode-step state: (name, dtype, is hidden); hidden is [B, H], the rest [B]
 _STATE_FIELDS = (("bonus", torch.int64, False), ("top1_id", torch.int64, False),
@@ -547,63 +548,9 @@ def _default_keys(preset: str) -> list[dict]:
     return [tune_key(m, b, 7168, 5) for m in MODES for b in (1, 256)]
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=make_inputs, run=_run, reference=_reference_outputs,
-        torch_peer=torch_peer, bytes_moved=bytes_moved, default_keys=_default_keys,
-        sources=(_relay_kernel, _move_tile, _cast, _bf16_to_f32, _f32_to_bf16_rtne,
-                 launch_relay, plan)))
-
-
-_register()
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    if preset == "smoke":
-        shapes = [(m, 2, 64) for m in MODES]
-    elif preset == "quick":
-        shapes = [(m, b, 7168) for m in MODES for b in (1, 256)]
-    else:
-        shapes = [(m, b, h) for m in MODES for h in (4096, 7168) for b in (1, 8, 64, 256)]
-    cases = []
-    for mode, B, H in shapes:
-        key = tune_key(mode, B, H, 5)
-        fn = relay_scatter if mode == "scatter" else relay_gather
-
-        def make(device, seed, key=key):
-            return make_inputs(key, device, seed)
-
-        variants = {
-            "ours": BenchVariant(lambda s, fn=fn: fn(s.index, s.fields)),
-            "torch eager": BenchVariant(torch_peer, eager=True, peer=True),
-            "torch graph": BenchVariant(torch_peer, peer=True),
-        }
-        if B == 1 and preset != "smoke":   # the scalar-slot path, on and off
-            for single in (0, 1):
-                def call(s, fn=fn, single=single, key=key):
-                    cfg = {**heuristic(key, s.index.device), "SINGLE": single}
-                    fn(s.index, s.fields, config=cfg)
-                variants[f"ours SINGLE={single}"] = BenchVariant(call)
-        cases.append(BenchCase(label={"mode": mode, "B": B, "H": H, "P": POOL},
-                               make=make, bytes=bytes_moved(key), variants=variants))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="relay (scatter/gather of decode-step state)",
-        notes="Fields: bonus int64 [B], top-1 id int64 [B], top-1 prob float32 [B], hidden "
-              "bfloat16 [B, H], new seq len int64 [B]; pool of 1024 slots. ours: all five "
-              "fields in one launch; torch: one index_copy_ (scatter) / index_select "
-              "(gather) per field. Bytes: every field's bytes read + written, plus the "
-              "int64 index. 'ours SINGLE=0/1' (B = 1): the scalar-slot path off/on."))
-
-
-_register_bench()
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=make_inputs, run=_run, reference=_reference_outputs,
+    torch_peer=torch_peer, bytes_moved=bytes_moved, default_keys=_default_keys,
+    sources=(_relay_kernel, _move_tile, _cast, _bf16_to_f32, _f32_to_bf16_rtne,
+             launch_relay, plan))

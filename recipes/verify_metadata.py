@@ -62,6 +62,7 @@ import triton.language as tl
 
 from . import _common as C
 from ._argmax_core import split_plan
+from .tuning import Tuning
 
 NAME = "verify_metadata"
 LAYOUTS = ("fa3", "flashinfer", "both")
@@ -214,7 +215,7 @@ def engine_torch(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
 def metadata_equal(ours, ref) -> bool:
     """Bitwise equality of two VerifyMetadata, comparing kv_indices only up to
     ref.kv_indptr[B] (the entries past it are unspecified)."""
-    from autotune.registry import outputs_equal
+    from .tuning import outputs_equal
 
     ours, ref = list(ours), list(ref)
     k = VerifyMetadata._fields.index("kv_indices")
@@ -509,7 +510,7 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     return VerifyMetadata(**o)
 
 
-# --- registration for tuning and benchmarks --------------------------------------------
+# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
 TUNE_N = 4   # verify tokens (K + 1) in tuning and benchmark inputs
 
 
@@ -559,65 +560,12 @@ def _run(inp: dict, cfg: dict) -> VerifyMetadata:
     return verify_metadata(**inp, config=cfg)
 
 
-def _register() -> None:
-    from autotune.registry import Tunable, register
-
-    register(Tunable(
-        name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-        make_inputs=make_inputs, run=_run,
-        reference=lambda inp: reference(**inp), torch_peer=lambda inp: engine_torch(**inp),
-        compare=metadata_equal, bytes_moved=_bytes, default_keys=_default_keys,
-        sources=(_verify_metadata_kernel, _geometry, _page_of, launch_verify_metadata)))
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    make_inputs=make_inputs, run=_run,
+    reference=lambda inp: reference(**inp), torch_peer=lambda inp: engine_torch(**inp),
+    compare=metadata_equal, bytes_moved=_bytes, default_keys=_default_keys,
+    sources=(_verify_metadata_kernel, _geometry, _page_of, launch_verify_metadata))
 
 
-_register()
-
-
-def _bench_cases(preset: str):
-    from autotune.registry import BenchCase, BenchVariant
-
-    if preset == "smoke":
-        shapes = [(2, 512, 16, "fa3"), (2, 512, 1, "both")]
-    elif preset == "quick":
-        shapes = [(1, 163840, 64, "fa3"), (1, 163840, 1, "fa3"), (64, 32768, 64, "fa3"),
-                  (256, 4096, 1, "fa3"), (8, 32768, 64, "both")]
-    else:
-        shapes = [(b, ctx, ps, "fa3") for ps in (64, 1) for ctx in (4096, 32768, 163840)
-                  for b in (1, 8, 64, 256)] + [(8, 32768, 64, "both")]
-    cases = []
-    for B, ctx, ps, layout in shapes:
-        key = tune_key(layout, ps, B, C.cdiv(ctx, ps))
-
-        def make(device, seed, key=key, ctx=ctx):
-            inp = make_inputs(key, device, seed, context=ctx)
-            out = verify_metadata(**inp)
-            return {"inp": inp, "out": out}
-
-        cases.append(BenchCase(
-            label={"B": B, "context": ctx, "page_size": ps, "layout": layout, "N": TUNE_N},
-            make=make, bytes=_bytes(key),
-            variants={
-                "ours": BenchVariant(lambda s: verify_metadata(**s["inp"], out=s["out"])),
-                "torch eager": BenchVariant(lambda s: engine_torch(**s["inp"]),
-                                            eager=True, peer=True),
-                "torch graph": BenchVariant(lambda s: engine_torch(**s["inp"]), peer=True),
-            }))
-    return cases
-
-
-def _register_bench() -> None:
-    from autotune.registry import BenchSuite, register_bench
-
-    register_bench(BenchSuite(
-        name=NAME, cases=_bench_cases, title="verify_metadata (target-verify attention "
-        "metadata)",
-        notes="ours: one launch writing positions, out_cache_loc, seqlens/cu_seqlens/max "
-              "and the page table (and flashinfer indices for layout both); torch: the "
-              "engine's sequence (arange, gather, cumsum, page-table slice and where) in "
-              "fixed shapes. Context = req_to_token capacity C; seq_lens near C - N; "
-              "max_pages = C / page_size. Bytes: indices, gathered slots (4 B each) and "
-              "every output written once."))
-
-
-_register_bench()
 verify_metadata.reference = reference

@@ -7,8 +7,10 @@ import pytest
 import torch
 from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
-from autotune import dispatch, tables
-from autotune.dispatch import key_distance, lookup, lookup_slug, nearest
+from autotune import tables
+from recipes import tables as dispatch
+from recipes.tables import key_distance, lookup, lookup_slug, nearest
+from recipes.tuning import key_str
 
 
 @pytest.fixture
@@ -19,8 +21,9 @@ def results(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
 
-def _entry(key, cfg, p50=1.0):
-    return {"key": key, "config": cfg, "p20_us": p50, "p50_us": p50, "p80_us": p50}
+def _entry(key, cfg, p50=1.0, no_slower_at=()):
+    return {"key": key, "config": cfg, "p20_us": p50, "p50_us": p50, "p80_us": p50,
+            "no_slower_at": list(no_slower_at)}
 
 
 def _write(root, slug, t, entries, **header):
@@ -78,26 +81,39 @@ def test_key_distance_and_nearest():
     assert key_distance(a, a) == 0
     assert key_distance(a, {**a, "dtype": "float32"}) == float("inf")
     assert key_distance(a, {"dtype": "bfloat16", "V": 32000}) == float("inf")
-    entries = [({**a, "R": 1}, "r1"), ({**a, "R": 32}, "r32"), ({**a, "R": 256}, "r256"),
-               ({**a, "dtype": "float32"}, "f32")]
-    assert nearest(entries, {**a, "R": 1}) == "r1"
-    assert nearest(entries, {**a, "R": 3}) == "r1"
-    assert nearest(entries, {**a, "R": 20}) == "r32"
-    assert nearest(entries, {**a, "R": 400}) == "r256"
-    assert nearest(entries, {**a, "R": 4096}) is None           # beyond a factor ~2
-    assert nearest(entries, {**a, "R": 4096}, max_field=float("inf")) == "r256"
-    assert nearest(entries, {**a, "R": 12}) is None             # 1 and 32 both too far
+    r1, r32, r256 = ({**a, "R": 1}, {**a, "R": 32}, {**a, "R": 256})
+    ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
+    # r32's config held up at r1 and r256 too; r1's and r256's only at their own keys
+    entries = [(r1, "r1", ks()), (r32, "r32", ks(r1, r256)), (r256, "r256", ks()),
+               ({**a, "dtype": "float32"}, "f32", ks())]
+    assert nearest(entries, r1) == "r1"                        # exact: always its own
+    assert nearest(entries, {**a, "R": 3}) is None             # r1 alone near; not lent
+    assert nearest(entries, {**a, "R": 20}) is None            # r32 alone near; not lent
+    assert nearest(entries, {**a, "R": 400}) is None           # r256 never measured elsewhere
+    assert nearest(entries, {**a, "R": 4096}) is None          # beyond a factor ~2
+    assert nearest(entries, {**a, "R": 4096}, max_field=float("inf")) == "r32"
+    assert nearest(entries, {**a, "R": 12}) is None            # 1 and 32 both too far
     assert nearest(entries, {**a, "dtype": "float16"}) is None
+    # R=2 has two tuned keys near it (R=1, R=4): a config is lent only where it was
+    # measured no slower than the heuristic at the other one too
+    entries.append((a, "r4", ks()))
+    assert nearest(entries, {**a, "R": 2}) is None
+    entries[0] = (r1, "r1", ks(a))
+    assert nearest(entries, {**a, "R": 2}) == "r1"
 
 
 def test_dispatch_exact_then_nearest(results, fake):
-    _write(results, "test-gpu", fake.SCALE, [_entry(K64, C1), _entry(K256, C2)])
+    _write(results, "test-gpu", fake.SCALE,
+           [_entry(K64, C1, no_slower_at=[K256]), _entry(K256, C2, no_slower_at=[K64])])
     with warnings.catch_warnings():
         warnings.simplefilter("error")            # a good table warns nothing
         assert lookup_slug("test-gpu", "fake_scale", K64) == C1
         assert lookup_slug("test-gpu", "fake_scale", K256) == C2
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 100}) == C1   # nearest
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 200}) == C2
+        # N=128 lies within a factor 2 of both tuned keys, and each config held up at the
+        # other key: the nearer one's is lent; N=100 and N=200 have one tuned key near
+        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 128}) == C1
+        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 100}) is None
+        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 200}) is None
         assert lookup_slug("test-gpu", "fake_scale", {**K64, "dtype": "float16"}) is None
         assert lookup_slug("other-gpu", "fake_scale", K64) is None              # no table
         # the table is read once per process
@@ -152,8 +168,8 @@ def test_invalid_configs_are_dropped_with_one_warning(results, fake):
            [_entry({**K64, "N": 60}, bad_choice), _entry(K64, rejected),
             _entry(K256, C2)])
     with pytest.warns(RuntimeWarning, match="2 of 3 entries"):
-        got = lookup_slug("test-gpu", "fake_scale", {**K64, "N": 200})
-    assert got == C2                                      # the only valid entry is nearest
+        got = lookup_slug("test-gpu", "fake_scale", K256)
+    assert got == C2                                      # the valid entry is kept
 
 
 def test_interpreter_tables_are_not_used_on_a_gpu(results, fake):

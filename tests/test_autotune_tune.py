@@ -11,11 +11,11 @@ import pytest
 import torch
 from autotune_util import PY, REPO, fake_fixture, subprocess_env  # noqa: F401
 
-from autotune import dispatch
 from autotune.search import EVALUATED, Encoding, Outcome, config_id, info, make_sampler, search
 from autotune.store import open_storage
 from autotune.tuner import Options, tune
 from recipes import _common
+from recipes import tables as dispatch
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 KEY = {"dtype": "float32", "N": 256}

@@ -1,24 +1,22 @@
-"""Dispatch from tuned tables: `results/<gpu-slug>/<recipe>.json`.
+"""Reading tuned tables and picking a call's config: `<root>/<gpu-slug>/<recipe>.json`.
 
-A recipe asks `lookup(recipe, key, device)` at call time. The table of the device's GPU
-is read once per process; the exact key wins, else the nearest tuned key (same
-categorical fields, e.g. dtype; nearest in log2 space over the numeric ones, and within
-a factor of about 2 in every numeric field: `MAX_FIELD_LOG2`), else None and the recipe
-uses its heuristic. The factor-2 limit is measured: on the H200 bench of 2026-11-29 the
-unlimited nearest key ran configs tuned for other batch sizes or vocabularies up to 2x
-slower than the heuristic (draft_tail B=1 V=151936 given B=1 V=32000's config: 0.75x;
-verify_metadata B=64 page 1 given B=1's: 0.50x; results/h200/NOTES.md). A missing
-table is silent; an unreadable or corrupt one warns once and is treated as missing.
-Nothing here ever raises into a call.
-Tables made under the Triton interpreter (`results/cpu-interpreter/`, or any table whose
-header says `"interpreter": true`) are never used on a GPU.
+Where tables are found, first match wins (`search_roots`):
+  1. the user's folder (`user_root`): `$SPEC_COOKBOOK_RESULTS` if set; else, in a source
+     checkout, its `results/`; else a per-user cache folder
+     (`$XDG_CACHE_HOME/spec-cookbook/results`, by default `~/.cache/...`). Tunes and
+     benchmarks write here, so a user's own tune overrides what shipped;
+  2. the tables shipped with the package (`shipped_root`): `recipes/results/` in an
+     installed wheel, `results/` of a source checkout.
 
-When the recipe is registered (`autotune.registry`), its table is checked against it: a
-table whose `header.space_hash` is not the hash of the recipe's current space is ignored
-with one warning (the space changed since it was tuned), and entries whose config the
-current space does not admit (a value outside the choices, or rejected by the static
-constraint for that entry's key) are dropped with one warning. The table format is
-documented in `autotune/tables.py`.
+A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table of the
+device's GPU is read once per process; the exact key wins, else a nearby tuned key whose
+config the table records as measured no slower than the heuristic at this key's tuned
+neighbours (`nearest`), else the heuristic. A table is ignored, with one warning, when
+it was made under the interpreter (on a GPU), over another search space, or for kernel
+source that has changed since (`header.source_hash`); entries whose config the current
+space does not admit are dropped with one warning. A missing table is silent. Nothing
+here ever raises into a call. The format is documented in `autotune/tables.py`, which
+writes it.
 """
 from __future__ import annotations
 
@@ -34,11 +32,56 @@ import torch
 
 RESULTS_ENV = "SPEC_COOKBOOK_RESULTS"
 INTERPRETER_SLUG = "cpu-interpreter"
+_PKG = Path(__file__).resolve().parent
+
+
+def _checkout_results() -> Path | None:
+    """`results/` of the source checkout this package is imported from, or None."""
+    top = _PKG.parent
+    if (top / "pyproject.toml").is_file() and (top / "results").is_dir():
+        return top / "results"
+    return None
+
+
+def shipped_root() -> Path | None:
+    """The tables that came with the package: package data of a wheel, or a checkout's."""
+    if (_PKG / "results").is_dir():
+        return _PKG / "results"
+    return _checkout_results()
+
+
+def user_root() -> Path:
+    """Where this user's tunes and benchmarks write (and what dispatch reads first)."""
+    env = os.environ.get(RESULTS_ENV)
+    if env:
+        return Path(env)
+    checkout = _checkout_results()
+    if checkout is not None:
+        return checkout
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "spec-cookbook" / "results"
 
 
 def results_root() -> Path:
-    env = os.environ.get(RESULTS_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "results"
+    """The folder results are written to: `user_root()`."""
+    return user_root()
+
+
+def search_roots() -> list[Path]:
+    roots = [user_root()]
+    shipped = shipped_root()
+    if shipped is not None and shipped.resolve() != roots[0].resolve():
+        roots.append(shipped)
+    return roots
+
+
+def find_table(slug: str, recipe: str) -> Path | None:
+    """The table file dispatch uses for (`slug`, `recipe`): the first root that has one."""
+    for root in search_roots():
+        path = root / slug / f"{recipe}.json"
+        if path.is_file():
+            return path
+    return None
 
 
 def gpu_slug(device: torch.device | None = None) -> str:
@@ -75,7 +118,10 @@ def load_table(path: Path) -> dict:
 
 
 def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
-    """(key, config) pairs of a parsed table that the registered recipe can use."""
+    """The usable entries of a parsed table, as (key, config, keys where the config was
+    measured no slower than the heuristic)."""
+    from .tuning import get, key_str
+
     tk = (slug, recipe)
     header = data.get("header")
     header = header if isinstance(header, dict) else {}
@@ -83,22 +129,26 @@ def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
         _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was made under "
                        "the Triton interpreter; using heuristic configs")
         return []
-    entries = [(e["key"], e["config"]) for e in data["entries"]]
-    try:
-        from autotune.registry import tunables
-        tunable = tunables().get(recipe)
-    except Exception:  # noqa: BLE001
-        tunable = None
-    if tunable is None:
+    entries = [(e["key"], e["config"],
+                frozenset(key_str(k) for k in e.get("no_slower_at") or () if isinstance(k, dict)))
+               for e in data["entries"]]
+    tuning = get(recipe)
+    if tuning is None:
         return entries
-    want = tunable.space_hash()
+    retune = f"re-run `python -m autotune tune --recipe {recipe}`; using heuristic configs"
+    want = tuning.space_hash()
     if header.get("space_hash") != want:
         _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was tuned over "
                        f"another search space (space hash {header.get('space_hash')!r}, "
-                       f"the recipe's is {want!r}); re-run `python -m autotune tune "
-                       f"--recipe {recipe}`; using heuristic configs")
+                       f"the recipe's is {want!r}); {retune}")
         return []
-    good = [(k, c) for k, c in entries if tunable.admits(c, k)]
+    src = tuning.source_hash()
+    if header.get("source_hash") != src:
+        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was tuned for "
+                       f"other kernel source (source hash {header.get('source_hash')!r}, "
+                       f"the recipe's is {src!r}); {retune}")
+        return []
+    good = [e for e in entries if tuning.admits(e[1], e[0])]
     if len(good) != len(entries):
         _warn_once(tk, f"spec-cookbook: ignoring {len(entries) - len(good)} of "
                        f"{len(entries)} entries of the tuned table {path}: their config is "
@@ -110,17 +160,22 @@ def _table(slug: str, recipe: str):
     tk = (slug, recipe)
     t = _TABLES.get(tk)
     if t is None:
-        entries = []
-        path = results_root() / slug / f"{recipe}.json"
-        if path.exists():
+        entries, path = [], find_table(slug, recipe)
+        if path is not None:
             try:
                 entries = _checked_entries(slug, recipe, path, load_table(path))
             except Exception as exc:  # noqa: BLE001 - any damage means "no table"
                 _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path} "
                                f"({type(exc).__name__}: {exc}); using heuristic configs")
                 entries = []
-        t = _TABLES[tk] = {"entries": entries}
+        t = _TABLES[tk] = {"entries": entries, "path": path}
     return t
+
+
+def table_in_use(slug: str, recipe: str) -> tuple[Path | None, int]:
+    """(the file dispatch reads for this GPU and recipe, how many entries it uses)."""
+    t = _table(slug, recipe)
+    return t["path"], len(t["entries"])
 
 
 def clear_cache() -> None:
@@ -154,13 +209,29 @@ def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
 
 
 def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
-    """The config of the entry nearest to `key` (`key_distance`), None if none is near."""
-    best, best_d = None, math.inf
-    for k, cfg in entries:
-        d = key_distance(key, k, max_field)
-        if d < best_d:
-            best, best_d = cfg, d
-    return best
+    """The config to run at `key`: the exact entry's; else that of the nearest entry
+    within `max_field` (`key_distance`) whose config was measured no slower than the
+    heuristic at every other tuned key near `key` (its `no_slower_at`), where there are
+    at least two: a borrowed config is one that held up around `key`. Else None (the
+    heuristic)."""
+    from .tuning import key_str
+
+    near = []
+    for e in entries:
+        d = key_distance(key, e[0], max_field)
+        if d == 0:
+            return e[1]
+        if d < math.inf:
+            near.append((d, e))
+    near.sort(key=lambda de: de[0])
+    if len(near) < 2:
+        return None
+    names = [key_str(e[0]) for _, e in near]
+    for _, (k, cfg, ok_at) in near:
+        own = key_str(k)
+        if all(n == own or n in ok_at for n in names):
+            return cfg
+    return None
 
 
 def lookup(recipe: str, key: dict, device: torch.device):
@@ -178,7 +249,7 @@ def lookup(recipe: str, key: dict, device: torch.device):
 
 
 def lookup_slug(slug: str, recipe: str, key: dict):
-    """`lookup` for the tables of `results/<slug>/` (what tests and tools call)."""
+    """`lookup` for the tables of GPU `slug` (what tests and tools call)."""
     try:
         # no cache of its own: `resolve` caches what a call runs (bounded), and a lookup
         # is a scan of a few dozen entries

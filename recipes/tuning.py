@@ -1,0 +1,137 @@
+"""What a recipe declares about its own tuning, as plain data: the tuner (`autotune`) reads
+these declarations, and the library never imports the tuner.
+
+Each recipe module defines one `Tuning` named `TUNING`: its search space, the static
+constraint and heuristic its launcher uses, the key that selects a table entry, and what
+a tuner needs to run it on synthetic inputs (an input maker, the call, the reference, the
+fewest bytes a call moves, the default keys). `all_tunings()` lists the library's own.
+
+Key: a flat dict of the call's shape that can change the best config, e.g.
+{"dtype": "bfloat16", "V": 151936, "R": 4}. String fields must match exactly when
+dispatch looks for a nearby tuned key; numeric fields are compared in log2 space.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Tuning:
+    name: str                                   # table name: results/<gpu>/<name>.json
+    space: dict[str, tuple]                     # parameter -> choices
+    heuristic: Callable[[dict, torch.device], dict]
+    make_inputs: Callable[[dict, torch.device, int], Any]   # (key, device, seed) -> inputs
+    run: Callable[[Any, dict], Any]             # (inputs, config) -> outputs (our kernel)
+    reference: Callable[[Any], Any]             # inputs -> outputs (plain torch semantics)
+    bytes_moved: Callable[[dict], int]          # key -> fewest bytes a call must move
+    default_keys: Callable[[str], list[dict]]   # preset ("gpu" | "smoke") -> keys to tune
+    constraint: Callable[[dict, dict], bool] | None = None   # (config, key) -> allowed
+    torch_peer: Callable[[Any], Any] | None = None   # inputs -> outputs, torch's way
+    compare: Callable[[Any, Any], bool] | None = None  # (ours, ref) -> equal; default exact
+    sources: tuple = ()                         # kernels/functions whose source is hashed
+
+    def configs(self, key: dict) -> list[dict]:
+        """Every config of the space that the static constraint admits for `key`."""
+        names = list(self.space)
+        out = []
+        for values in itertools.product(*(self.space[n] for n in names)):
+            cfg = dict(zip(names, values, strict=True))
+            if self.constraint is None or self.constraint(cfg, key):
+                out.append(cfg)
+        return out
+
+    def space_hash(self) -> str:
+        return hashlib.sha256(repr(sorted(self.space.items())).encode()).hexdigest()[:16]
+
+    def source_hash(self) -> str:
+        """A hash of the kernels' and launchers' source: a table tuned for other source
+        may no longer hold (dispatch re-checks or ignores it)."""
+        h = hashlib.sha256()
+        for obj in self.sources:
+            fn = getattr(obj, "fn", obj)   # a triton JITFunction wraps .fn
+            try:
+                h.update(inspect.getsource(fn).encode())
+            except (OSError, TypeError):
+                h.update(repr(obj).encode())
+        return h.hexdigest()[:16]
+
+    def equal(self, ours, ref) -> bool:
+        return (self.compare or outputs_equal)(ours, ref)
+
+    def admits(self, config: dict, key: dict) -> bool:
+        """True when `config` sets every parameter of the space to one of its choices and
+        the static constraint accepts it for `key` (extra keys are allowed)."""
+        try:
+            for name, choices in self.space.items():
+                if name not in config or config[name] not in choices:
+                    return False
+            return self.constraint is None or bool(self.constraint(config, key))
+        except Exception:  # noqa: BLE001 - a constraint that chokes on it rejects it
+            return False
+
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns on the CPU (floating dtypes as same-size integers, so -0.0
+    differs from +0.0 and a NaN equals the same NaN); other dtypes as they are."""
+    t = t.detach().cpu().contiguous()
+    if t.is_floating_point():
+        return t.view(_SAME_SIZE_INT[t.element_size()])
+    return t
+
+
+def outputs_equal(a, b) -> bool:
+    """Bitwise equality of (nested tuples of) tensors; None matches None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(bits(a), bits(b)))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def key_str(key: dict) -> str:
+    """A key as one stable string: 'R=4,V=151936,dtype=bfloat16' (fields sorted)."""
+    return ",".join(f"{k}={key[k]}" for k in sorted(key))
+
+
+# The library's tuned recipes, in the order tunes and reports list them.
+RECIPE_MODULES = ("argmax", "chain_verify", "draft_tail", "relay", "verify_metadata",
+                  "copy_inputs")
+
+
+def all_tunings() -> list[Tuning]:
+    """The `TUNING` declaration of every recipe module of the library."""
+    return [importlib.import_module(f"{__package__}.{m}").TUNING for m in RECIPE_MODULES]
+
+
+_EXTRA: dict[str, Tuning] = {}
+
+
+def register(t: Tuning) -> Tuning:
+    """Declare a tuning outside the library's recipes (a user's own kernel, a test's), so
+    that `get` finds it and dispatch checks its tables like the library's."""
+    _EXTRA[t.name] = t
+    return t
+
+
+def unregister(name: str) -> None:
+    _EXTRA.pop(name, None)
+
+
+def get(name: str) -> Tuning | None:
+    """The declaration for table `name` (the library's, else a registered one), or None."""
+    for t in all_tunings():
+        if t.name == name:
+            return t
+    return _EXTRA.get(name)
