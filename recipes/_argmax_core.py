@@ -62,8 +62,8 @@ def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
     of BLOCK from lo, UNROLL tiles per step (their loads in flight together, the lane
     state shared), the first step's tiles x0, x1 already loaded (`chunk_first`).
     Software-pipelined: the next step's loads are issued before this
-    step's tiles are folded, so the memory pipe never drains between steps (5-8% on the
-    H200 at the best configs, up to 1.6x at others: results/h200/NOTES.md). Lanes past
+    step's tiles are folded, so the memory pipe never drains between steps
+    (docs/performance.md, section "The split argmax scan"). Lanes past
     `hi` load -inf and can only tie, at a higher index than lane lo, so they never win
     (the loads one step past the chunk are fully masked: no memory traffic); a chunk with
     no element left (lo >= hi) gives pack(-inf, lo), which loses to any real element and
@@ -166,10 +166,9 @@ def split_plan(V: int, block: int, split: int):
 
 # --- the search space every split-argmax kernel shares ----------------------------------
 # SPLIT is the number of programs per row (clamped to the number of tiles). num_stages
-# stays at 1: Triton does not pipeline these loads (no dot), the sm_90 assembly is the
-# same for 1, 2 and 3, and the H200 timed 1 and 3 alike (results/h200/NOTES.md; the
-# cp.async pipelining tl.range(num_stages=S) asks for was slower still:
-# probes/probe-staged.txt).
+# stays at 1: Triton does not pipeline these loads (no dot), so other values compile to
+# the same loop, and the cp.async pipelining that tl.range(num_stages=S) would ask for is
+# slower (docs/performance.md, section "The split argmax scan").
 SPLIT_SPACE = {
     "BLOCK_V": (1024, 2048, 4096, 8192),
     "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128),
@@ -189,14 +188,13 @@ def split_constraint(config: dict, V: int) -> bool:
 
 
 def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
-    """Measured on the H200 (results/h200/NOTES.md). With fewer rows than SMs the scan is
-    latency-bound: small tiles (1024 elements, 2048 from V = 65536; 2-8 KB a load) and
-    chunks for about two programs per SM, on 4 warps below 16 rows and 8 above, two tiles
-    in flight from 16 rows when a chunk has two: what the tuned argmax table of session 2
-    chose at 1-32 rows (the block size on 8 of 12 keys, the warps on 9), where the
-    previous rule's 4096-element bf16 tiles matched none of the six bf16 keys and ran them
-    4-29% slower than their tuned configs. With a row for every SM: one program per row,
-    16 warps, 16-byte loads and two tiles in flight (UNROLL=2; 1 when a row is one tile)."""
+    """The split config for `rows` rows of V elements on `sms` multiprocessors. With
+    fewer rows than SMs the scan is latency-bound: small tiles (1024 elements, 2048 from
+    V = 65536; 2-8 KB a load) and chunks for about two programs per SM, on 4 warps below
+    16 rows and 8 from 16, two tiles in flight from 16 rows when a chunk has two. With a
+    row for every SM: one program per row, 16 warps, 16-byte loads and two tiles in
+    flight (UNROLL=2; 1 when a row is one tile). Always a config `split_constraint`
+    admits. Measured basis: docs/performance.md, section "The shared split heuristic"."""
     if rows < sms:
         block = 2048 if V >= 65536 else 1024
         split = min(next_pow2(cdiv(2 * sms, max(1, rows))), 128, next_pow2(cdiv(V, block)))

@@ -154,23 +154,12 @@ def pdl(device: torch.device, programs: int | None = None) -> int:
     or the environment setting SPEC_COOKBOOK_PDL=0); else `PDL_EARLY` for grids of at
     most one program a multiprocessor (the kernel lets the next PDL launch begin as soon
     as it starts) and `PDL_LATE` for larger ones (only once each program is past its
-    main loop, `pdl_release`). `programs=None` is for kernels with no main loop to
-    release after (copy_inputs, relay, verify_metadata: their programs move a few tiles
-    each): `PDL_EARLY` whatever the grid. The value is the kernel's PDL constexpr; the
-    launch takes `launch_pdl=value > 0`.
-
-    The two rules are measured (H200, results/h200/NOTES.md, sessions 4-5): with an early
-    release on every launch, the latency-bound small grids gained 0.3-0.6 us each
-    (draft_tail B=1 2.30 -> 1.96 us), but some grids of several programs an SM lost up
-    to 24% (argmax R=256 V=151936 bf16 21.9 -> 24.3 us, chain_verify fp32 B=64 K=4
-    13.7 -> 17.0 us): the next kernel's programs, started early, sat beside them. With
-    no PDL for those grids, they gave up gains elsewhere; the late release keeps most
-    of them with none of the losses (geomeans 0.94-0.99 per suite against no PDL there,
-    no case more than 5% slower but one that varies as much between runs:
-    probes/pdl-late-vs-rule.txt). The short copy kernels released late lost some of the
-    early release's gains, and early at any grid none of their cases was more than 5%
-    slower (relay 0.964, verify_metadata 0.974 against late:
-    probes/pdl-early-short-vs-late.txt).
+    main loop, `pdl_release`, so that the next kernel's programs do not sit beside the
+    scan). `programs=None` is for kernels with no main loop to release after
+    (copy_inputs, relay, verify_metadata: their programs move a few tiles each):
+    `PDL_EARLY` whatever the grid. The value is the kernel's PDL constexpr; the launch
+    takes `launch_pdl=value > 0`. The measurements behind these rules are in
+    docs/performance.md, section "Programmatic dependent launch".
 
     A PDL launch may start while the kernel before it on the stream is still running
     (in a CUDA graph too: capture keeps it as a programmatic edge). Every kernel that

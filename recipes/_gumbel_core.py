@@ -48,6 +48,9 @@ Two ways to scan a chunk of a row, same answer (`sampled_chunk_packed`):
   |A| >= 2^120, more than MAXC candidate lanes, and rows whose log2(e) / T is outside
   (2^-100, 2^100) (from the start). A chunk whose upper bounds are all -inf is checked to
   be all -inf logits (then every score is -inf: answer (-inf, lo)) before falling back.
+
+What each way costs per id, and the floor that sets: docs/performance.md, section "The
+filtered Gumbel scan".
 """
 from __future__ import annotations
 

@@ -42,25 +42,9 @@ Sampled scan (EXACT=0, the default): one pass over the logits, per id an upper b
 its score from the Philox bits, two MUFU.LG2 and an FFMA, kept as a per-lane max; then
 only the lanes that can hold the winner are scored exactly (IEEE division `div_rn`, the
 accurate log `__nv_logf`) - see `_gumbel_core` for the bound and why the answer is the
-exact scan's. EXACT=1 scores every id exactly (same outputs, ~4x the arithmetic).
-
-Arithmetic per id (sm_90 SASS, read offline with Triton's cuobjdump; bf16, BLOCK 2048,
-4 warps, 96 registers; fp32 one instruction less):
-    Philox4x32-10, per call of 4 ids: 10 rounds x (2 IMAD.WIDE.U32 + 2 LOP3) = 40, of
-        which the zero counter words fold one away: 39, i.e. 9.75 per id (all integer)
-    the 2 logs: 2 MUFU.LG2 (the exact scan: 2 x ~17 for __nv_logf, plus ~10 for div.rn)
-    the rest: int->float + scale (I2FP, FMUL), the near-1 series branch (FFMA, FSETP,
-        predicated FADD), the scaled logit (FFMA), the running max (FMNMX): 7;
-        bf16 unpack 2.25; addressing, loads, loop 1.6
-    total 23.6 instructions per id with the prefetch (UNROLL=2), 23.1 without
-    (exact scan: 93 per id; the greedy scan: ~6.4-7.3)
-Floor on the H200 (132 SMs x 4 schedulers x one warp-instruction per clock; the loop is
-issue-bound: ALU pipe ~10 and MUFU 2 of the 23.6 per id): 1.26e12 ids/s at 1.755 GHz.
-B=64, K=4, V=151936 (48.6 M ids): ~39 us of issue against 22.9 us of logits at 4.24 TB/s
-(the greedy kernel measured 31.0 us: the floor is ~1.25x greedy, the target 2.5x).
-B=1, K=3 (0.61 M ids): ~0.5 us of issue spread over the GPU, plus the sampled chunk's own
-tail (one packed reduction, the top lane scored exactly, one count) on top of the greedy
-kernel's fixed chain (4.05 us measured for greedy).
+exact scan's. EXACT=1 scores every id exactly (same outputs, ~4x the arithmetic). The
+sampled loop is issue-bound, not bandwidth-bound: its instruction counts and the floor
+they set are in docs/performance.md, section "The filtered Gumbel scan".
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   - spin (the whole grid fits one program a multiprocessor, e.g. B=1): each chunk but
     the last exchanges its packed candidate into its own workspace slot; the row's last
     chunk, after its own scan, exchanges those slots back to rest until it has them all
-    (`spin_collect`: no fence, no counter; H200 B=1 V=32000: 0.26 us less);
+    (`spin_collect`: no fence, no counter);
   - counter (larger grids): `publish_packed` (atomic_max of the packed candidate into
     the per-b slot, then an arrival counter) and the last program of the row to arrive
     reads the slot and puts slot and counter back to rest.
@@ -42,23 +42,22 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   first chunk's program of each b writes probs[b] = 1 and positions[b] += 1 (its
   positions load is issued before the scan, so it is off the critical path).
 * The hidden rows, by config (FUSE_H): copy programs (the last B * cdiv(H, BLOCK_H)
-  ids, one BLOCK_H tile of hidden[r[b]] each; last so that the scan starts at once:
-  placed first, they held every slot for a DRAM round trip before the first argmax
-  program ran), or the argmax programs themselves, chunk s copying slice s of its row
-  with the load issued next to its first logits tiles and the store before the scan
-  (at B=256 the copy programs find every slot taken by the scan and run after it; fused,
-  the copy overlaps it: 1 us less on the H200).
+  ids, one BLOCK_H tile of hidden[r[b]] each; last, so that the scan starts at once),
+  or the argmax programs themselves, chunk s copying slice s of its row with the load
+  issued next to its first logits tiles and the store before the scan, so nothing is
+  held through the loop (the choice where a full grid of scans leaves copy programs no
+  slot until it ends).
 
 On sm_90+ every launch is a programmatic dependent launch (`_common.pdl`): the kernel
 may start while the previous one on the stream runs, and waits for it before its first
-load, which takes the launch latency off a chain of kernels (0.27-0.73 us a call on the
-H200: bench-draft_tail.md). A grid of at most a program an SM lets the next launch
-begin at once; a larger one after each program's scan (`pdl_release`), so that the
-next kernel's programs do not sit beside the scan. SPEC_COOKBOOK_PDL=0 turns it off.
+load. A grid of at most a program an SM lets the next launch begin at once; a larger
+one after each program's scan (`pdl_release`). SPEC_COOKBOOK_PDL=0 turns it off.
 
 No program waits on one that cannot run (the spin finisher only where every program
 of the grid is resident at once), and every config gives the same bits: the chunk
-answers are combined by an order-exact max.
+answers are combined by an order-exact max. The measurements behind the grid layout,
+FUSE_H, the spin finisher and the B=256 read floor: docs/performance.md, section
+"draft_tail".
 """
 from __future__ import annotations
 
