@@ -12,10 +12,12 @@ dispatch looks for a nearby tuned key; numeric fields are compared in log2 space
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import inspect
 import itertools
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,15 +53,11 @@ class Tuning:
         return hashlib.sha256(repr(sorted(self.space.items())).encode()).hexdigest()[:16]
 
     def source_hash(self) -> str:
-        """A hash of the kernels' and launchers' source: a table tuned for other source
-        may no longer hold (dispatch re-checks or ignores it)."""
+        """A hash of the kernels' and launchers' code (docstrings and comments left out):
+        a table tuned for other code may no longer hold, and dispatch ignores it."""
         h = hashlib.sha256()
         for obj in self.sources:
-            fn = getattr(obj, "fn", obj)   # a triton JITFunction wraps .fn
-            try:
-                h.update(inspect.getsource(fn).encode())
-            except (OSError, TypeError):
-                h.update(repr(obj).encode())
+            h.update(code_text(getattr(obj, "fn", obj)).encode())  # a JITFunction wraps .fn
         return h.hexdigest()[:16]
 
     def equal(self, ours, ref) -> bool:
@@ -75,6 +73,23 @@ class Tuning:
             return self.constraint is None or bool(self.constraint(config, key))
         except Exception:  # noqa: BLE001 - a constraint that chokes on it rejects it
             return False
+
+
+def code_text(obj) -> str:
+    """The source of a function or module as its syntax tree prints it: the same text for
+    the same code, whatever its docstrings, comments and layout."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        return repr(obj)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

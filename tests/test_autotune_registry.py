@@ -106,3 +106,29 @@ def test_plan_exhaustive_or_sampled(fake):
     with pytest.raises(SystemExit):
         plan(Options(recipes=["no_such_recipe"], package="fake_tunables", preset="smoke"),
              "x")
+
+
+def _code_a(x):
+    """A docstring."""
+    # a comment
+    return x + 1
+
+
+def _code_b(x):
+    return x + 1      # the same code, told differently
+
+
+def _code_c(x):
+    return x + 2
+
+
+def test_source_hash_follows_code_not_docstrings():
+    def hash_of(fn):
+        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
+                       reference=None, bytes_moved=None, default_keys=None,
+                       sources=(fn,)).source_hash()
+
+    from recipes.tuning import code_text
+    assert code_text(_code_a).replace("_code_a", "f") == code_text(_code_b).replace("_code_b", "f")
+    assert hash_of(_code_a) != hash_of(_code_c)
+    assert hash_of(_code_a) == hash_of(_code_a)
