@@ -64,6 +64,7 @@ bench: $(SETUP)
 	$(PY) -m autotune bench $(BENCH_ARGS)
 
 # The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
+# and $(RESULTS)/targets.json (id, target, measured, met; null with a reason if unknown)
 RESULTS ?= results/h200
 targets: $(SETUP)
 	$(PY) -m autotune.targets $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md

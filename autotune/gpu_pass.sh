@@ -1,52 +1,126 @@
 #!/usr/bin/env bash
-# The H200 pass, as steps that fit the device calls (each call under 10 minutes):
-#   tools/gpu_pass.sh test probe    GPU test suite (~3 min), bandwidth probe (~3 min)
-#   tools/gpu_pass.sh tune          make tune, the default key set (< 8 min)
-#   tools/gpu_pass.sh retest        $RETEST (default tests/test_ops.py) again
-#   tools/gpu_pass.sh quality       tuner quality (~5 min, up to 330 s)
-#   tools/gpu_pass.sh bench         make bench (~4-5 min, up to BENCH_TIMEOUT, 280 s)
-# (quality and bench together can pass the 10-minute limit of one call, and the results
-# tarball is written after the last step: give them a call each.)
-# TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS override each step's arguments (BENCH_TIMEOUT its limit).
-# Outputs go to $OUT (logs, and a tarball of results/h200 after tune/quality/bench). Run
-# from the repository root with the Optuna wheels in .whl/ (../shared/device/wheels.sh).
+# The GPU pass of spec-cookbook on any CUDA host, as steps that each fit in a 10-minute job:
+#
+#   autotune/gpu_pass.sh [--out DIR] [--wheels DIR] STEP...
+#
+#   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)            (~3-5 min)
+#   tune      python -m autotune tune: the default key set                (< 8 min)
+#   quality   python -m autotune quality: tuner vs exhaustive optimum     (~5 min)
+#   bench     python -m autotune bench: every suite, capped at BENCH_MAX_S s
+#   bench1    the bench over $BENCH1_SUITES (default chain_verify,chain_verify_sampled)
+#   bench2    the bench over every other suite (bench1 + bench2 = a full run in two jobs;
+#             each writes its suites as they finish and keeps the other's)
+#   targets   python -m autotune.targets: TARGETS.md and targets.json of the results
+#
+# Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
+# else ./gpu-pass): <step>.log, gpu.txt, summary.txt, and after a step that writes
+# results a tarball of results/<gpu> (tuning databases left out). --wheels DIR: wheels
+# (e.g. optuna and its dependencies, for a host without network) installed without an
+# index into a private folder put first on PYTHONPATH. The checkout itself is imported
+# from the repository root (PYTHONPATH), nothing is installed into the environment.
+# Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS (extra
+# arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS
+# (with pytest-xdist; default min(12, cores)), STEP_TIMEOUT (seconds a step may run,
+# default 570).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv >"$OUT/gpu.txt"
-summary=()
-for step in "$@"; do
-  case $step in
-    test)
-      SPEC_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -n 12 -p no:benchmark \
-        -p no:cacheprovider -rfs --durations=10 >"$OUT/test-gpu.log" 2>&1
-      summary+=("$(tail -1 "$OUT/test-gpu.log")")
-      grep -E '^(FAILED|ERROR)' "$OUT/test-gpu.log" | head -20 ;;
-    retest)   # RETEST="tests/a.py tests/b.py::test_x": a part of the suite again
-      SPEC_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -n 8 -p no:benchmark \
-        -p no:cacheprovider -rfs ${RETEST:-tests/test_ops.py} >"$OUT/retest.log" 2>&1
-      summary+=("retest: $(tail -1 "$OUT/retest.log")") ;;
-    probe)
-      timeout 300 python3 tools/probe_bw.py "$OUT/probe-bw.txt" >"$OUT/probe.log" 2>&1
-      summary+=("probe rc=$?") ;;
-    tune)
-      t0=$SECONDS; timeout 580 make tune TUNE_ARGS="${TUNE_ARGS:---no-progress}" >"$OUT/tune.log" 2>&1
-      echo "make tune: rc=$? wall $((SECONDS - t0)) s" >>"$OUT/tune.log"
-      python3 -m autotune report >/dev/null 2>&1
-      summary+=("$(tail -2 "$OUT/tune.log" | tr '\n' ' ')") ;;
-    quality)
-      timeout 330 make quality QUALITY_ARGS="${QUALITY_ARGS:---budget-s 280 --no-progress}" >"$OUT/quality.log" 2>&1
-      summary+=("$(grep -E 'complete keys|MET|NOT MET' "$OUT/quality.log" | tail -2)") ;;
-    bench)
-      timeout ${BENCH_TIMEOUT:-280} make bench BENCH_ARGS="${BENCH_ARGS:---max-seconds 240 --out results/h200}" \
-        >"$OUT/bench.log" 2>&1
-      summary+=("$(tail -2 "$OUT/bench.log" | tr '\n' ' ')") ;;
-    *) echo "gpu_pass: unknown step $step"; exit 2 ;;
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+PY=${PYTHON:-python3}
+out=${GPU_PASS_OUT:-${OUT:-gpu-pass}}
+wheels=
+steps=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --wheels) wheels=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) steps+=("$1"); shift ;;
   esac
 done
-case " $* " in *" tune "*|*" quality "*|*" bench "*)
-  tar czf "$OUT/h200-results.tgz" --exclude='*.db*' results/h200 ;; esac
-[ -f "$OUT/probe-bw.txt" ] && cat "$OUT/probe-bw.txt"
-printf '%s\n' "${summary[@]}"
+[ ${#steps[@]} -gt 0 ] || { usage; exit 2; }
+[ -f autotune/gpu_pass.sh ] || { echo "gpu_pass: run from the repository root" >&2; exit 2; }
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-${TMPDIR:-/tmp}/spec-cookbook-triton-cache}
+if [ -n "$wheels" ]; then
+  site=${TMPDIR:-/tmp}/spec-cookbook-site
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "$wheels"/*.whl >"$out/wheels.log" 2>&1 \
+    || { echo "gpu_pass: installing the wheels of $wheels failed (see $out/wheels.log)" >&2; exit 1; }
+  export PYTHONPATH=$site:$PYTHONPATH
+fi
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "gpu_pass: no CUDA device visible to $PY" >&2; exit 1; }
+command -v nvidia-smi >/dev/null && nvidia-smi \
+  --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv >"$out/gpu.txt" 2>&1
+slug=$("$PY" -c "from recipes.tables import gpu_slug; print(gpu_slug())")
+results=results/$slug
+limit=${STEP_TIMEOUT:-570}
+bench_cap=${BENCH_MAX_S:-500}
+bench1=${BENCH1_SUITES:-chain_verify,chain_verify_sampled}
+
+others() {    # every registered suite not in $bench1, comma-separated
+  "$PY" -m autotune bench --list | cut -d: -f1 | grep -vxF -f <(tr , '\n' <<<"$bench1") \
+    | paste -sd, -
+}
+
+run_step() {  # name, command...: the command under the step limit, its log, a summary line
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc, $((SECONDS - t0)) s: $(tail -1 "$out/$name.log")" | tee -a "$out/summary.txt"
+  return $rc
+}
+
+wrote_results=
+status=0
+for step in "${steps[@]}"; do
+  case $step in
+    test)
+      workers=()
+      cores=$(nproc 2>/dev/null || echo 4)
+      "$PY" -c "import xdist" 2>/dev/null \
+        && workers=(-n "${PYTEST_WORKERS:-$((cores < 12 ? cores : 12))}")
+      SPEC_TEST_DEVICE=cuda run_step test "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} -rfs \
+        -p no:cacheprovider ${PYTEST_ARGS:-} || status=1 ;;
+    tune)
+      run_step tune "$PY" -m autotune tune ${TUNE_ARGS:---no-progress} || status=1
+      wrote_results=1 ;;
+    quality)
+      run_step quality "$PY" -m autotune quality ${QUALITY_ARGS:---no-progress} || status=1
+      wrote_results=1 ;;
+    bench)
+      run_step bench "$PY" -m autotune bench --max-seconds "$bench_cap" --readme README.md \
+        ${BENCH_ARGS:-} || status=1
+      wrote_results=1 ;;
+    bench1)
+      run_step bench1 "$PY" -m autotune bench --suite "$bench1" --max-seconds "$bench_cap" \
+        --readme README.md ${BENCH_ARGS:-} || status=1
+      wrote_results=1 ;;
+    bench2)
+      rest=$(others)
+      if [ -z "$rest" ]; then echo "bench2: no suites besides $bench1" | tee -a "$out/summary.txt"
+      else
+        run_step bench2 "$PY" -m autotune bench --suite "$rest" --max-seconds "$bench_cap" \
+          --readme README.md ${BENCH_ARGS:-} || status=1
+      fi
+      wrote_results=1 ;;
+    targets)
+      if "$PY" -m autotune.targets "$results" >"$results/TARGETS.md.tmp" 2>"$out/targets.log"; then
+        mv "$results/TARGETS.md.tmp" "$results/TARGETS.md"
+        cp "$results/TARGETS.md" "$out/TARGETS.md"
+        echo "targets: $(grep -o '[0-9]* of [0-9]* met, [0-9]* not evaluated' "$results/TARGETS.md")" \
+          | tee -a "$out/summary.txt"
+      else
+        rm -f "$results/TARGETS.md.tmp"; echo "targets: failed (see targets.log)" \
+          | tee -a "$out/summary.txt"; status=1
+      fi
+      wrote_results=1 ;;
+    *) echo "gpu_pass: unknown step $step (test tune quality bench bench1 bench2 targets)" >&2
+       exit 2 ;;
+  esac
+done
+if [ -n "$wrote_results" ] && [ -d "$results" ]; then
+  tar czf "$out/results-$slug.tgz" --exclude='*.db*' "$results"
+fi
+exit $status

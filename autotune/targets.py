@@ -1,105 +1,448 @@
-"""Read the committed benchmark JSON of a GPU and print the issues' speed targets
-against the measured times, as a markdown table.
+"""The issues' speed targets against a GPU's committed results.
 
-Usage: python tools/targets.py results/h200 [copy_TBps]   (or `make targets`)
-copy_TBps: the copy-bandwidth ceiling for the bandwidth fractions (default: the one the
-bench run measured and wrote into BENCH.json). Where the run measured a copy curve, each
-bandwidth row also gives the time of a copy of the same bytes over ours ("same-size
-copy": a plain copy of a few megabytes reaches half the asymptotic ceiling)."""
-import json
+    python -m autotune.targets results/h200 [copy_TBps]       (or `make targets`)
+
+prints TARGETS.md (a markdown table) and writes `<dir>/targets.json`: a list of
+{"id", "what", "target", "measured", "unit", "met", "detail"} (and "reason" where `met`
+is null: an input is missing or predates what the target needs). Inputs, all under
+`<dir>`: the bench files (`BENCH.json`, `bench-<suite>.json`), `tune-report.json` and
+`tuner-quality.json` where present, and `sglang-reference.json` (SGLang's times on this
+GPU, the drop-in targets' yardstick; see its note). Times are the bench's primary timing
+(each call behind a plain kernel); a suite timed by an earlier bench, back to back only,
+gives null. copy_TBps: the copy-bandwidth ceiling for the bandwidth fractions (default:
+the one the bench run measured, BENCH.json).
+"""
+from __future__ import annotations
+
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autotune.bench import copy_time_at, ours_time  # noqa: E402
-from recipes.draft_tail import _bytes as draft_tail_bytes  # noqa: E402
+from autotune.bench.results import (
+    HEURISTIC,
+    back_to_back_time,
+    copy_time_at,
+    geomean,
+    ours_time,
+    p50,
+    primary_regime,
+    read_json,
+    write_json,
+)
 
-root = Path(sys.argv[1])
-ceiling = float(sys.argv[2]) * 1e12 if len(sys.argv) > 2 else None
-
-
-def cases(suite):
-    d = json.loads((root / f"bench-{suite}.json").read_text())
-    return d["cases"]
-
-
-ours = ours_time      # the statistic BENCH.md reports
-
-
-def pick(suite, **label):
-    return [c for c in cases(suite) if all(c["label"].get(k) == v for k, v in label.items())]
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DROPIN_FACTOR = 1.3        # the drop-in adapters: at most SGLang's time / 1.3
 
 
-BENCH = json.loads((root / "BENCH.json").read_text())
+class Missing(Exception):
+    """An input the target needs is not there (the reason is the message)."""
 
 
-def bw(c):
-    cb = ceiling or BENCH["copy_bandwidth_Bps"]
-    return c["bytes"] / (ours(c) * 1e-6) / cb
+class Inputs:
+    """The result files of one GPU folder, read on first use."""
+
+    def __init__(self, root: Path, ceiling_Bps: float | None = None):
+        self.root = Path(root)
+        self.bench = read_json(self.root / "BENCH.json") or {}
+        self._ceiling = ceiling_Bps
+        self._suites: dict = {}
+
+    def ceiling(self) -> float:
+        bw = self._ceiling or self.bench.get("copy_bandwidth_Bps")
+        if not bw:
+            raise Missing(f"no copy bandwidth: {self.root}/BENCH.json missing")
+        return bw
+
+    def suite(self, name: str) -> dict:
+        if name not in self._suites:
+            res = read_json(self.root / f"bench-{name}.json")
+            if res is None:
+                raise Missing(f"no {self.root}/bench-{name}.json")
+            self._suites[name] = res
+        return self._suites[name]
+
+    def cases(self, name: str, primary: bool = True, **label) -> list[dict]:
+        """The suite's timed cases whose label has these values; with `primary`, only if
+        the suite was timed behind a plain kernel."""
+        res = self.suite(name)
+        if primary and primary_regime(res) not in (None, "behind"):
+            raise Missing(f"bench-{name}.json was timed by an earlier bench (calls back to "
+                          "back only): run the bench again")
+        return [c for c in res["cases"] if ours_time(c) is not None
+                and all(c["label"].get(k) == v for k, v in label.items())]
+
+    def need(self, name: str, where=None, what: str = "", **label) -> list[dict]:
+        """`cases`, kept by `where` (a predicate) too; Missing when none is left."""
+        found = [c for c in self.cases(name, **label) if where is None or where(c)]
+        if not found:
+            raise Missing(f"bench-{name}.json has no timed case {_lab(label)}{what}")
+        return found
+
+    def suite_names(self) -> list[str]:
+        return sorted(p.name[len("bench-"):-len(".json")]
+                      for p in self.root.glob("bench-*.json"))
+
+    def file(self, name: str) -> dict:
+        data = read_json(self.root / name)
+        if data is None:
+            raise Missing(f"no {self.root}/{name}")
+        return data
 
 
-def bw_text(c):
-    """'T us, X%' of the ceiling, and of a same-size copy where the run has the curve."""
-    text = f"{ours(c):.1f} us, {100 * bw(c):.0f}%"
-    t = copy_time_at(BENCH.get("copy_curve"), c["bytes"])
-    return text + (f"; same-size copy {t:.1f} us: {100 * t / ours(c):.0f}%" if t else "")
+def _lab(label: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in label.items())
 
 
-rows = []
-c = pick("chain_verify", dtype="bfloat16", B=1, K=3, V=151936)[0]
-rows.append(("chain_verify greedy B=1 K=3 V=151936 bf16", "<= 2.0 us", f"{ours(c):.2f} us"))
-for c in pick("chain_verify", K=4):
-    if c["label"]["B"] >= 64:
+def _bw(inp: Inputs, c: dict, nbytes: float | None = None) -> float:
+    return (c["bytes"] if nbytes is None else nbytes) / (ours_time(c) * 1e-6) / inp.ceiling()
+
+
+def _bw_text(inp: Inputs, c: dict, nbytes: float | None = None) -> str:
+    """'T us, X% copy BW' and, where the run has the curve, against a same-size copy."""
+    text = f"{_lab(c['label'])}: {ours_time(c):.1f} us, {100 * _bw(inp, c, nbytes):.0f}%"
+    t = copy_time_at(inp.bench.get("copy_curve"), c["bytes"] if nbytes is None else nbytes)
+    return text + (f" (same-size copy {t:.1f} us: {100 * t / ours_time(c):.0f}%)" if t else "")
+
+
+def _b2b(c: dict) -> str:
+    t = back_to_back_time(c)
+    return f"back to back {t:.2f} us" if t is not None else "back to back: not timed"
+
+
+def _at_most(inp, suite, limit, where=None, what="", **label):
+    """The slowest of the matching cases against a time limit."""
+    cs = inp.need(suite, where, what, **label)
+    worst = max(cs, key=ours_time)
+    detail = "; ".join(f"{_lab(c['label'])}: {ours_time(c):.2f} us, {_b2b(c)}" for c in cs)
+    return ours_time(worst), ours_time(worst) <= limit, detail
+
+
+def _at_least_bw(inp, suite, floor, where=None, what="", nbytes=None, **label):
+    """The matching case furthest below a fraction of copy bandwidth (`nbytes(case)`: the
+    bytes the target counts, default the bench's)."""
+    cs = inp.need(suite, where, what, **label)
+    count = nbytes or (lambda c: c["bytes"])
+    frac = {id(c): _bw(inp, c, count(c)) for c in cs}
+    worst = min(cs, key=lambda c: frac[id(c)])
+    below = sum(1 for c in cs if frac[id(c)] < floor)
+    return (round(100 * frac[id(worst)], 1), not below,
+            f"{below} of {len(cs)} below; worst " + _bw_text(inp, worst, count(worst)))
+
+
+# --- the targets: each returns (measured, met, detail) or raises Missing -----------------
+def verify_b1(inp):
+    return _at_most(inp, "compat_sglang", 2.8, op="target_verify", dtype="bfloat16", B=1,
+                    N=4, V=151936)
+
+
+def _against_sglang(inp, op: str, with_bandwidth: bool):
+    ref = inp.file("sglang-reference.json").get(op)
+    if not ref:
+        raise Missing(f"sglang-reference.json has no {op} table")
+    ok, bad = 0, []
+    for r in ref:
+        label = {k: v for k, v in r.items() if k != "us"}
+        found = inp.cases("compat_sglang", op=op, **label)
+        if not found:
+            bad.append(f"{_lab(label)}: not measured")
+            continue
+        c, limit = found[0], r["us"] / DROPIN_FACTOR
+        frac = None
+        if with_bandwidth:      # the logits read once
+            logits = c["label"]["B"] * c["label"]["N"] * c["label"]["V"] \
+                * DTYPE_BYTES[c["label"]["dtype"]]
+            frac = _bw(inp, c, logits)
+        if ours_time(c) <= limit or (frac is not None and frac >= 0.92):
+            ok += 1
+        else:
+            bad.append(f"{_lab(label)}: {ours_time(c):.2f} us > {limit:.2f}"
+                       + (f", {100 * frac:.0f}% copy BW" if frac is not None else ""))
+    return ok, not bad, (f"{ok} of {len(ref)} shapes; not met: " + "; ".join(bad)
+                         if bad else f"all {len(ref)} shapes")
+
+
+def verify_all(inp):
+    return _against_sglang(inp, "target_verify", with_bandwidth=True)
+
+
+def draft_all(inp):
+    ok_e, met_e, det_e = _against_sglang(inp, "draft_extend", with_bandwidth=False)
+    ok_t, met_t, det_t = _against_sglang(inp, "draft_topk1", with_bandwidth=False)
+    return ok_e + ok_t, met_e and met_t, f"draft_extend: {det_e}. draft_topk1: {det_t}"
+
+
+def greedy_b1(inp):
+    c = inp.need("chain_verify", dtype="bfloat16", B=1, K=3, V=151936)[0]
+    b2b = back_to_back_time(c)
+    met = ours_time(c) <= 2.5 and b2b is not None and b2b <= 2.0
+    return ours_time(c), met, _b2b(c) + " (target <= 2.0 us)"
+
+
+def sampled_b1(inp):
+    return _at_most(inp, "chain_verify_sampled", 3.5, dtype="bfloat16", B=1, K=3, V=151936)
+
+
+def greedy_bw(inp):
+    return _at_least_bw(inp, "chain_verify", 0.9, lambda c: c["label"]["B"] >= 64,
+                        " with B >= 64", K=4)
+
+
+def _slower_than_torch(inp, suite):
+    cs = inp.cases(suite)
+    slow = [c for c in cs if p50(c, "torch graph") and ours_time(c) > p50(c, "torch graph")]
+    return len(slow), not slow, "; ".join(
+        f"{_lab(c['label'])} ({ours_time(c):.1f} vs {p50(c, 'torch graph'):.1f} us)"
+        for c in slow) or f"none of {len(cs)}"
+
+
+def verify_vs_torch(inp):
+    return _slower_than_torch(inp, "chain_verify")
+
+
+def argmax_vs_torch(inp):
+    return _slower_than_torch(inp, "argmax")
+
+
+def sampled_cost(inp):
+    cs = inp.need("chain_verify_sampled", lambda c: p50(c, "ours (greedy)"),
+                  " with a greedy timing", B=64, K=4)
+    ratio = {id(c): ours_time(c) / p50(c, "ours (greedy)") for c in cs}
+    worst = max(cs, key=lambda c: ratio[id(c)])
+    return (round(ratio[id(worst)], 3), ratio[id(worst)] <= 2.5,
+            f"worst {_lab(worst['label'])}: {ours_time(worst):.1f} / "
+            f"{p50(worst, 'ours (greedy)'):.1f} us")
+
+
+def draft_tail_b1(inp):
+    return _at_most(inp, "draft_tail", 2.0, B=1, V=32000, H=4096)
+
+
+def draft_tail_bw(inp):
+    """The issue counts the selected logits rows and the hidden rows read once; the bench
+    counts the hidden rows read and written."""
+    def once(c):
         lab = c["label"]
-        rows.append((f"chain_verify greedy B={lab['B']} K=4 V={lab['V']} {lab['dtype']}",
-                     ">= 90% copy BW", bw_text(c)))
-slow = [c for c in cases("chain_verify")
-        if "torch graph" in c["timings"] and ours(c) > c["timings"]["torch graph"]["p50"]]
-rows.append(("chain_verify greedy: shapes slower than torch graph", "none",
-             ", ".join(f"B={c['label']['B']} K={c['label']['K']} V={c['label']['V']} "
-                       f"{c['label']['dtype']} ({ours(c):.1f} vs "
-                       f"{c['timings']['torch graph']['p50']:.1f} us)" for c in slow) or "none"))
-for name, suite in (("argmax", "argmax"),):
-    slow = [c for c in cases(suite) if ours(c) > c["timings"]["torch graph"]["p50"]]
-    rows.append((f"{name}: shapes slower than torch graph", "none", str(len(slow))))
-c = pick("chain_verify_sampled", dtype="bfloat16", B=1, K=3, V=151936)
-if c:
-    rows.append(("chain_verify sampled B=1 K=3 V=151936 bf16", "<= 3.0 us", f"{ours(c[0]):.2f} us"))
-for c in pick("chain_verify_sampled", B=64, K=4):
-    g = c["timings"].get("ours (greedy)", {}).get("p50")
-    if g:
-        rows.append((f"sampled/greedy B=64 K=4 V={c['label']['V']} {c['label']['dtype']}",
-                     "<= 2.5x", f"{ours(c):.1f} / {g:.1f} us = {ours(c) / g:.2f}x"))
-for c in pick("draft_tail", B=1, V=32000, H=4096):
-    rows.append(("draft_tail B=1 Vd=32000 H=4096", "<= 2.0 us", f"{ours(c):.2f} us"))
-for c in pick("draft_tail", B=256, V=151936):
-    # the bench counts the hidden rows read and written; the issue counts the selected
-    # logits rows and the hidden rows read once
-    read_once = draft_tail_bytes(c["label"], hidden_passes=1)
-    frac = read_once / (ours(c) * 1e-6) / (ceiling or BENCH["copy_bandwidth_Bps"])
-    rows.append((f"draft_tail B=256 Vd=151936 H={c['label']['H']}", ">= 85% copy BW",
-                 bw_text(c) + f"; the issue's count (hidden read once): {100 * frac:.0f}%"))
-for c in cases("relay"):
-    lab = c["label"]
-    if lab.get("B") == 1 and lab.get("H") == 7168:
-        rows.append((f"relay {lab.get('mode')} B=1 H=7168", "<= 1.5 us", f"{ours(c):.2f} us"))
-    if lab.get("B") == 256:
-        rows.append((f"relay {lab.get('mode')} B=256 H={lab.get('H')}", ">= 70% copy BW",
-                     bw_text(c)))
-for c in cases("verify_metadata"):
-    lab = c["label"]
-    if lab.get("B") == 1 and lab.get("context") == 163840 and lab.get("page_size") == 64:
-        rows.append(("verify_metadata B=1 160K page 64", "<= 3.0 us", f"{ours(c):.2f} us"))
-for c in cases("copy_inputs"):
-    rows.append((f"copy_inputs {c['label']}", "<= 1.5 us (8 x <= 4 KB)", f"{ours(c):.2f} us"))
-cb = (ceiling or BENCH["copy_bandwidth_Bps"]) / 1e12
-print(f"# Speed targets: {BENCH['gpu']}\n\nMade by `make targets` "
-      f"(`python tools/targets.py {' '.join(sys.argv[1:])}`).\n")
-print(f"Targets of the issues against `{root}/bench-*.json` ({BENCH['gpu']}, torch "
-      f"{BENCH['torch']}, triton {BENCH['triton']}, {BENCH['date']}); bandwidth fractions "
-      f"against a copy ceiling of {cb:.3f} TB/s"
-      + (", and against a copy of the same bytes (the run's copy curve)"
-         if BENCH.get("copy_curve") else "") + ".\n")
-print("| what | target | measured |\n|---|---|---|")
-for r in rows:
-    print(f"| {r[0]} | {r[1]} | {r[2]} |")
+        return c["bytes"] - lab["B"] * lab["H"] * DTYPE_BYTES[lab["dtype"]]
+
+    return _at_least_bw(inp, "draft_tail", 0.85, nbytes=once, B=256, V=151936)
+
+
+def relay_b1(inp):
+    return _at_most(inp, "relay", 1.5, B=1, H=7168)
+
+
+def relay_bw(inp):
+    return _at_least_bw(inp, "relay", 0.7, B=256)
+
+
+def verify_metadata_b1(inp):
+    return _at_most(inp, "verify_metadata", 3.0, B=1, context=163840, page_size=64)
+
+
+def copy_inputs_small(inp):
+    return _at_most(inp, "copy_inputs", 1.5,
+                    lambda c: c["label"]["pairs"] <= 8 and c["label"]["pair_bytes"] <= 4096,
+                    " of <= 8 pairs of <= 4 KB")
+
+
+def tune_wall(inp):
+    rep = inp.file("tune-report.json")
+    if rep.get("wall_s") is None:
+        raise Missing("tune-report.json has no wall_s")
+    if rep.get("fresh") is not True:
+        raise Missing("tune-report.json is not of a fresh tune (fresh is not true): the "
+                      "wall time of a resumed tune says nothing about a full one")
+    return rep["wall_s"], rep["wall_s"] <= 480, f"{len(_tune_keys(inp))} keys"
+
+
+def _tune_keys(inp) -> list[dict]:
+    rep = inp.file("tune-report.json")
+    keys = rep.get("keys") or rep.get("entries")
+    if not keys:
+        raise Missing("tune-report.json lists no keys")
+    return keys
+
+
+def _evaluated(k: dict):
+    if "evaluated" in k:
+        return k["evaluated"]
+    return (k.get("trials") or {}).get("evaluated")
+
+
+def tune_coverage(inp):
+    keys = _tune_keys(inp)
+    frac, short = [], []
+    for k in keys:
+        grid, done = k.get("grid"), _evaluated(k)
+        if not grid or done is None:
+            short.append(f"{k.get('recipe', '?')} {_lab(k.get('key') or {})}: no counts")
+            continue
+        frac.append(done / grid)
+        if done < grid / 2:
+            short.append(f"{k.get('recipe', '?')} {_lab(k.get('key') or {})}: "
+                         f"{done} of {grid}")
+    measured = round(100 * min(frac), 1) if frac else None
+    return measured, not short, (f"{len(short)} of {len(keys)} keys short: "
+                                 + "; ".join(short[:10]) if short
+                                 else f"all {len(keys)} keys")
+
+
+def tune_quality(inp):
+    q = inp.file("tuner-quality.json")
+    keys = q.get("keys") or []
+    n = len(keys)
+    passed = sum(1 for k in keys if k.get("within_goal_at_budget"))
+    within = q.get("within", 0.03)
+    frac = passed / n if n else 0.0
+    met = n >= 12 and frac >= 0.9 and within <= 0.03
+    return (round(100 * frac, 1), met,
+            f"{passed} of {n} complete keys within {100 * within:.0f}% of the exhaustive "
+            f"optimum ({len(q.get('incomplete') or [])} incomplete left out)")
+
+
+def _heuristic_pairs(inp, suite):
+    return [(c, p50(c, HEURISTIC)) for c in inp.cases(suite)
+            if c.get("tuned") == "differs" and p50(c, HEURISTIC)]
+
+
+def never_slower(inp):
+    slower, seen, missing = [], 0, []
+    for suite in inp.suite_names():
+        try:
+            pairs = _heuristic_pairs(inp, suite)
+        except Missing as exc:
+            missing.append(str(exc))
+            continue
+        seen += len(pairs)
+        slower += [(suite, c, h) for c, h in pairs if ours_time(c) > 1.02 * h]
+    if not seen:
+        raise Missing("; ".join(missing) or "no case with a heuristic-config timing "
+                      f"(no bench-*.json in {inp.root}, or no tuned table)")
+    detail = "; ".join(f"{s} {_lab(c['label'])}: {ours_time(c):.2f} vs {h:.2f} us"
+                       for s, c, h in slower[:10]) or f"none of {seen} cases"
+    if missing:
+        detail += " (not read: " + "; ".join(missing) + ")"
+    return len(slower), not slower and not missing, detail
+
+
+def tune_geomean(inp):
+    per = {}
+    for suite in ("argmax", "chain_verify"):
+        pairs = _heuristic_pairs(inp, suite)
+        same = sum(1 for c in inp.cases(suite) if c.get("tuned") == "same")
+        g = geomean(h / ours_time(c) for c, h in pairs)
+        per[suite] = (g, len(pairs), same)
+    gs = [g for g, _, _ in per.values()]
+    measured = round(min(gs), 3) if all(g is not None for g in gs) else None
+    met = measured is not None and measured >= 1.03
+    return measured, met, "; ".join(
+        f"{s}: " + (f"{g:.3f}x" if g else "no case") + f" over {n} cases whose tuned config "
+        f"differs ({same} where it is the heuristic's)" for s, (g, n, same) in per.items())
+
+
+TARGETS = [
+    ("dropin.verify_b1", "compat target_verify B=1 N=4 V=151936 bf16", "<= 2.8 us", "us",
+     verify_b1),
+    ("dropin.verify_all", "compat target_verify at every shape of the verify table",
+     "each shape <= SGLang / 1.3 or >= 92% copy BW (logits read once)", "shapes met",
+     verify_all),
+    ("dropin.draft_all", "compat draft_extend (hidden) and draft_topk1, B in {1,8,64,256}, "
+     "Vd in {32000,151936}, H 4096", "each <= SGLang / 1.3", "cases met", draft_all),
+    ("verify.greedy_b1", "chain_verify greedy B=1 K=3 V=151936 bf16",
+     "<= 2.5 us (back to back <= 2.0 us)", "us", greedy_b1),
+    ("verify.sampled_b1", "chain_verify sampled B=1 K=3 V=151936 bf16", "<= 3.5 us", "us",
+     sampled_b1),
+    ("verify.greedy_bw", "chain_verify greedy K=4, B >= 64", ">= 90% copy BW",
+     "% copy BW (worst)", greedy_bw),
+    ("verify.vs_torch", "chain_verify greedy: shapes slower than torch graph", "none",
+     "shapes", verify_vs_torch),
+    ("argmax.vs_torch", "argmax: shapes slower than torch graph", "none", "shapes",
+     argmax_vs_torch),
+    ("verify.sampled_cost", "chain_verify sampled / greedy, B=64 K=4", "<= 2.5x",
+     "x (worst)", sampled_cost),
+    ("draft_tail.b1", "draft_tail B=1 Vd=32000 H=4096", "<= 2.0 us", "us", draft_tail_b1),
+    ("draft_tail.b256_bw", "draft_tail B=256 Vd=151936 (hidden counted read once)",
+     ">= 85% copy BW", "% copy BW (worst)", draft_tail_bw),
+    ("relay.b1", "relay scatter and gather B=1 H=7168", "<= 1.5 us", "us (worst)",
+     relay_b1),
+    ("relay.b256_bw", "relay scatter and gather B=256", ">= 70% copy BW",
+     "% copy BW (worst)", relay_bw),
+    ("verify_metadata.b1", "verify_metadata B=1 context 160K page 64", "<= 3.0 us", "us",
+     verify_metadata_b1),
+    ("copy_inputs.small", "copy_inputs, up to 8 pairs of up to 4 KB", "<= 1.5 us",
+     "us (worst)", copy_inputs_small),
+    ("tune.wall", "make tune, the default key set, fresh", "<= 480 s", "s", tune_wall),
+    ("tune.coverage", "make tune: trials per key", "every key >= half its admitted grid",
+     "% of grid (least)", tune_coverage),
+    ("tune.quality", "tuner search vs exhaustive optimum",
+     ">= 90% of >= 12 keys within 3%", "% of keys", tune_quality),
+    ("tune.never_slower", "tuned config vs heuristic config, every suite",
+     "no case more than 2% slower", "cases slower", never_slower),
+    ("tune.geomean", "tuned / heuristic speedup, argmax and chain_verify",
+     ">= 1.03x geomean in each", "x (least)", tune_geomean),
+]
+
+
+def compute(root: Path, ceiling_Bps: float | None = None) -> list[dict]:
+    """Every target against the files of `root`; a missing or unusable input gives
+    met=None and the reason, never an exception."""
+    inp = Inputs(root, ceiling_Bps)
+    out = []
+    for tid, what, target, unit, fn in TARGETS:
+        row = {"id": tid, "what": what, "target": target, "measured": None, "unit": unit,
+               "met": None}
+        try:
+            measured, met, detail = fn(inp)
+            row.update(measured=None if measured is None else round(float(measured), 4),
+                       met=None if measured is None else bool(met), detail=detail)
+            if measured is None:
+                row["reason"] = detail
+        except Missing as exc:
+            row["reason"] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - an odd file is a reason, not a crash
+            row["reason"] = f"could not evaluate: {type(exc).__name__}: {exc}"
+        out.append(row)
+    return out
+
+
+def markdown(rows: list[dict], root: Path, argv: list[str], inp_bench: dict,
+             ceiling_Bps: float | None) -> str:
+    b = inp_bench
+    cb = ceiling_Bps or b.get("copy_bandwidth_Bps")
+    met = sum(1 for r in rows if r["met"] is True)
+    unknown = sum(1 for r in rows if r["met"] is None)
+    lines = [f"# Speed targets: {b.get('gpu', root.name)}", "",
+             f"Made by `make targets` (`python -m autotune.targets {' '.join(argv)}`; the "
+             f"same rows as JSON in `{root}/targets.json`).", "",
+             f"Targets of the issues against `{root}/` (bench: {b.get('gpu', '?')}, torch "
+             f"{b.get('torch', '?')}, triton {b.get('triton', '?')}, {b.get('date', '?')})"
+             + (f"; bandwidth fractions against a copy ceiling of {cb / 1e12:.3f} TB/s"
+                if cb else "")
+             + ". Times: each call behind a plain kernel in a CUDA graph (the bench's "
+             f"primary timing). {met} of {len(rows)} met, {unknown} not evaluated.", "",
+             "| id | what | target | measured | met |", "|---|---|---|---|---|"]
+    for r in rows:
+        m = "" if r["measured"] is None else f"{r['measured']:g} {r['unit']}"
+        note = r.get("detail") if r["met"] is not None else r.get("reason")
+        cell = f"{m}: {note}" if m and note else (m or note or "")
+        verdict = {True: "yes", False: "**no**", None: "?"}[r["met"]]
+        lines.append(f"| {r['id']} | {r['what']} | {r['target']} | "
+                     f"{cell.replace('|', '/')} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    root = Path(argv[0])
+    ceiling = float(argv[1]) * 1e12 if len(argv) > 1 else None
+    rows = compute(root, ceiling)
+    if root.is_dir():
+        write_json(root / "targets.json", rows)
+    print(markdown(rows, root, argv, read_json(root / "BENCH.json") or {}, ceiling), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

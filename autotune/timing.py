@@ -7,11 +7,20 @@ less than twice the L2 and can be served from it, and sets under L2 / 32 (1.9 MB
 B=1 cases) are, as a step's inputs are right after the kernel that wrote them), warms
 the GPU up, replays it `reps` times with CUDA events around each replay, and returns the
 per-call samples in microseconds. The replays are queued behind a GPU sleep so that a
-stalled host cannot show up in them (see `time_graph`). `time_eager` times plain calls
-the same way (no guard: it measures the host's launch cost on purpose), for torch eager
-and Python-overhead measurements. `rotation(nbytes)` says how many input
-sets make one pass larger than twice the L2. `time_wall` is the stand-in under the Triton
-interpreter (no GPU: no graphs, no events): host wall-clock time, for smoke tests only.
+stalled host cannot show up in them (see `time_graph`).
+
+Back to back, a call that launches with programmatic dependent launch (PDL) overlaps its
+launch with the call before it. An engine calls us right after its lm_head GEMM, a
+kernel that does not release its dependents early, so there the launch latency shows.
+`time_graph(..., behind=plain_op(device))` measures that: each call behind a plain
+one-element torch op in the graph, reported as time(op + call) - time(op) (a graph of
+n x [op, call] minus a graph of n x [op], medians of their replays).
+
+`time_eager` times plain calls the same way (no guard: it measures the host's launch
+cost on purpose), for torch eager and Python-overhead measurements. `rotation(nbytes)`
+says how many input sets make one pass larger than twice the L2. `time_wall` is the
+stand-in under the Triton interpreter (no GPU: no graphs, no events): host wall-clock
+time, for smoke tests only.
 """
 from __future__ import annotations
 
@@ -29,6 +38,9 @@ class Timing:
     # stall can be in the samples), False when the last attempt still could not show
     # that; None where it does not apply (eager, wall clock, merged samples)
     guarded: bool | None = None
+    # time_graph(..., behind=op): the op's own median per call, already subtracted from
+    # the samples; None otherwise
+    base_us: float | None = None
 
     def q(self, f: float) -> float:
         s = sorted(self.samples)
@@ -112,13 +124,49 @@ def _guarded_replays(graph, reps: int, device) -> tuple[list, bool]:
     return [starts[i].elapsed_time(ends[i]) for i in range(reps)], host_us < slept_us
 
 
+def plain_op(device=None):
+    """A one-element torch op launched the ordinary way (no programmatic dependent
+    launch): for `time_graph(..., behind=...)`, the predecessor whose end the next
+    kernel's launch must wait for, as an engine's lm_head GEMM is to ours."""
+    a = torch.zeros(1, device=device)
+    b = torch.empty_like(a)
+    return lambda: torch.neg(a, out=b)
+
+
+def _prime(fns, device) -> None:
+    """Run `fns` once outside any capture (compiling, first allocations), on a side
+    stream as graph capture needs."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+
+
+def _capture(fns, device):
+    """A CUDA graph of `fns` called in order."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    return graph
+
+
 def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int = 50,
-               warmup: int = 5, device=None, warm_gpu: bool = True) -> Timing:
+               warmup: int = 5, device=None, warm_gpu: bool = True,
+               behind=None) -> Timing:
     """Per-call microseconds of `call(state)` replayed in a CUDA graph.
 
     The graph runs over `states` in turn, repeated until it holds at least
     `calls_per_replay` calls (default: max(len(states), 20)), so a replay lasts long
     enough for the events to resolve it.
+
+    `behind` (a callable of no arguments, e.g. `plain_op(device)`): each call is
+    preceded by it in the graph, and a second graph holds only the n `behind` calls; the
+    two are replayed in alternating chunks and each sample is a replay of the first
+    minus the median replay of the second, per call (`Timing.base_us`: that median).
 
     Host stalls: a sample is the GPU time between an event recorded before a replay and
     one recorded after it. If the host thread stalls between queueing the first event
@@ -137,28 +185,37 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
     states = list(states)
     n = calls_per_replay or max(len(states), 20)
     order = [states[i % len(states)] for i in range(n)]
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):          # first calls outside capture: compile, alloc
-        for s in states:
-            call(s)
-    torch.cuda.current_stream(device).wait_stream(stream)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for s in order:
-            call(s)
+    steps = []
+    for s in order:
+        if behind is not None:
+            steps.append(behind)
+        steps.append(lambda s=s: call(s))
+    first = [lambda s=s: call(s) for s in states] + ([behind] if behind else [])
+    _prime(first, device)
+    graph = _capture(steps, device)
+    base = _capture([behind] * n, device) if behind is not None else None
     if warm_gpu:
         _warm(device)
     for _ in range(warmup):
         graph.replay()
-    ms, guarded = [], True
+        if base is not None:
+            base.replay()
+    ms, base_ms, guarded = [], [], True
     for lo in range(0, reps, GUARD_CHUNK):
-        chunk, ok = _guarded_replays(graph, min(GUARD_CHUNK, reps - lo), device)
+        size = min(GUARD_CHUNK, reps - lo)
+        chunk, ok = _guarded_replays(graph, size, device)
         ms += chunk
         guarded = guarded and ok
-    del graph
-    return Timing([x * 1000.0 / n for x in ms], guarded=guarded)
+        if base is not None:
+            chunk, ok = _guarded_replays(base, size, device)
+            base_ms += chunk
+            guarded = guarded and ok
+    del graph, base
+    per_call = [x * 1000.0 / n for x in ms]
+    if behind is None:
+        return Timing(per_call, guarded=guarded)
+    base_us = statistics.median(base_ms) * 1000.0 / n
+    return Timing([x - base_us for x in per_call], guarded=guarded, base_us=base_us)
 
 
 def time_eager(call, states, *, reps: int = 50, inner: int = 20, warmup: int = 3,

@@ -1,5 +1,6 @@
 """autotune.timing: graph replays queued behind a GPU sleep, so that a stalled host (another
-Python thread holding the GIL) does not show up in the samples.
+Python thread holding the GIL) does not show up in the samples; and the timing behind a
+plain op (the op's graph subtracted).
 
 On CPU the guard's logic runs against a simulated stream (a host clock, a GPU that runs
 queued work in order, never before it was queued); on a GPU the real thing is timed
@@ -109,6 +110,43 @@ def test_guard_gives_up_after_its_attempts_and_says_so(monkeypatch):
     assert max(ms) * 1000 > 1000.0        # the stall shows: nothing hid it
 
 
+def test_time_graph_behind_a_plain_op_subtracts_the_op(monkeypatch):
+    """On the simulated stream, a call costs CALL_B2B us after another call (its launch
+    hidden) and CALL_BEHIND us after the plain op (OP_US): behind=op gives CALL_BEHIND
+    (the graph of n x [op, call] minus the graph of n x [op], per call), without it
+    CALL_B2B; the op's own time is reported apart."""
+    OP_US, CALL_B2B, CALL_BEHIND = 1.5, 2.0, 3.25
+    sim, _ = _simulate(monkeypatch, {})
+    tags = []
+
+    class SimGraph:
+        def __init__(self, fns):
+            tags.clear()
+            for fn in fns:
+                fn()
+            self.us = sum(OP_US if t == "op" else CALL_BEHIND if k and tags[k - 1] == "op"
+                          else CALL_B2B for k, t in enumerate(tags))
+
+        def replay(self):
+            sim.queue(self.us)
+
+    monkeypatch.setattr(timing, "_prime", lambda fns, device: None)
+    monkeypatch.setattr(timing, "_capture", lambda fns, device: SimGraph(fns))
+    monkeypatch.setattr(timing, "_warm", lambda device: None)
+
+    def op():
+        tags.append("op")
+
+    def call(state):
+        tags.append("call")
+
+    t = timing.time_graph(call, [0, 1, 2], calls_per_replay=6, reps=30, behind=op)
+    assert t.guarded and len(t.samples) == 30
+    assert t.p50 == pytest.approx(CALL_BEHIND) and t.base_us == pytest.approx(OP_US)
+    t = timing.time_graph(call, [0, 1, 2], calls_per_replay=6, reps=30)
+    assert t.p50 == pytest.approx(CALL_B2B) and t.base_us is None
+
+
 @pytest.mark.skipif(not ON_GPU, reason="times CUDA graph replays with CUDA events: needs a "
                                        "GPU")
 def test_time_graph_is_not_fooled_by_a_busy_python_thread(device):
@@ -140,3 +178,16 @@ def test_time_graph_is_not_fooled_by_a_busy_python_thread(device):
     assert spins[0] > 0
     assert quiet.guarded
     assert loaded.p50 <= 2.0 * quiet.p50, (quiet.p50, loaded.p50, loaded.guarded)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="times CUDA graph replays with CUDA events: needs a "
+                                       "GPU")
+def test_time_graph_behind_a_plain_op_on_the_gpu(device):
+    """A copy kernel behind the plain op: the op's own time is measured and subtracted,
+    and what is left is a real kernel's time (positive, a few microseconds at most)."""
+    x = torch.randn(1 << 16, device=device)
+    y = torch.empty_like(x)
+    t = timing.time_graph(lambda _: torch.neg(x, out=y), [0], reps=30, device=device,
+                          behind=timing.plain_op(device))
+    assert t.base_us is not None and 0.5 < t.base_us < 20.0, t.base_us
+    assert 0.2 < t.p50 < 20.0, (t.p50, t.base_us)

@@ -1,6 +1,7 @@
 """autotune.bench: the report (tables, plots, README block) from synthetic results, the
-CPU functional check end to end, the overhead report, and the dispatch hooks the
-benchmark uses (heuristic_only, trace_configs, the resolve cache)."""
+CPU functional check end to end (partial runs keep the other suites), the overhead
+report, the compat suite's peers, and the dispatch hooks the benchmark uses
+(heuristic_only, trace_configs, the resolve cache)."""
 import json
 import math
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from autotune import bench
+from autotune.bench import overhead, readme, report, results, run
 from recipes import tables as dispatch
 
 
@@ -20,19 +22,23 @@ def fake_suite(name="argmax", complete=True):
             for R in (1, 4, 32, 256):
                 nbytes = R * V * es
                 ours = 3.0 + nbytes / 3.5e6
-                t = {"ours": ours, bench.REPEAT: ours * 1.02, "torch eager": ours * 3 + 8,
+                t = {"ours": ours, results.REPEAT: ours * 1.02,
+                     results.BACK_TO_BACK: ours * 0.8, "torch eager": ours * 3 + 8,
                      "torch graph": ours * 2}
                 tuned = "none"
                 if R == 4:
                     tuned = "differs"
-                    t[bench.HEURISTIC] = ours * 1.25
+                    t[results.HEURISTIC] = ours * 1.25
                 elif R == 32:
                     tuned = "same"
                 cases.append({
                     "index": len(cases), "label": {"dtype": dt, "R": R, "V": V},
                     "bytes": nbytes, "errors": {}, "tuned": tuned,
                     "timings": {k: {"p20": v * 0.98, "p50": v, "p80": v * 1.03,
-                                    "samples": 30, "mode": "graph"} for k, v in t.items()}})
+                                    "samples": 30,
+                                    "mode": "eager" if k == "torch eager" else
+                                    "graph" if k == results.BACK_TO_BACK else "behind"}
+                                for k, v in t.items()}})
     cases[3]["errors"]["torch eager"] = "RuntimeError: boom"
     del cases[3]["timings"]["torch eager"]
     return {"suite": name, "title": name, "notes": "synthetic", "extra": {},
@@ -51,32 +57,32 @@ HEADER = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "triton": "3.6
 
 def write_fake(out):
     out.mkdir(parents=True, exist_ok=True)
-    bench.write_json(out / "BENCH.json", HEADER)
-    bench.write_json(out / "bench-argmax.json", fake_suite())
+    results.write_json(out / "BENCH.json", HEADER)
+    results.write_json(out / "bench-argmax.json", fake_suite())
     other = fake_suite("other", complete=False)
     for c in other["cases"]:                       # a suite without a B/R field
         c["label"] = {"pairs": c["label"]["R"], "pair_bytes": c["label"]["V"]}
-    bench.write_json(out / "bench-other.json", other)
+    results.write_json(out / "bench-other.json", other)
 
 
 def test_copy_curve_interpolation_and_same_size_column(tmp_path):
     curve = [[1 << 15, 1.0], [1 << 16, 2.0], [1 << 17, 8.0]]
-    assert bench.copy_time_at(curve, 1 << 10) == 1.0             # below: the first time
-    assert bench.copy_time_at(curve, 1 << 16) == pytest.approx(2.0)
-    assert bench.copy_time_at(curve, 3 << 15) == pytest.approx(2.0 * 4 ** math.log2(1.5))
-    assert bench.copy_time_at(curve, 1 << 18) == pytest.approx(16.0)   # above: bandwidth
-    assert bench.copy_time_at(None, 1 << 16) is None and bench.copy_time_at(curve, 0) is None
+    assert results.copy_time_at(curve, 1 << 10) == 1.0             # below: the first time
+    assert results.copy_time_at(curve, 1 << 16) == pytest.approx(2.0)
+    assert results.copy_time_at(curve, 3 << 15) == pytest.approx(2.0 * 4 ** math.log2(1.5))
+    assert results.copy_time_at(curve, 1 << 18) == pytest.approx(16.0)   # above: bandwidth
+    assert results.copy_time_at(None, 1 << 16) is None and results.copy_time_at(curve, 0) is None
     res = fake_suite()
     e = res["cases"][0]
     curve = [[e["bytes"] // 2, 1.0], [e["bytes"] * 2, 4.0]]   # a copy of e's bytes: 2 us
-    head, rows = bench.suite_rows(res, HEADER["copy_bandwidth_Bps"], curve)
+    head, rows = report.suite_rows(res, HEADER["copy_bandwidth_Bps"], curve)
     cell = dict(zip(head, rows[0], strict=False))["same-size copy"]
-    assert cell == f"{100 * 2.0 / bench.ours_time(e):.0f}%"
-    assert "same-size copy" not in bench.suite_rows(res, 4.2e12)[0]
+    assert cell == f"{100 * 2.0 / results.ours_time(e):.0f}%"
+    assert "same-size copy" not in report.suite_rows(res, 4.2e12)[0]
     out = tmp_path / "r"
     write_fake(out)
-    bench.write_json(out / "BENCH.json", {**HEADER, "copy_curve": curve})
-    bench.render(out)
+    results.write_json(out / "BENCH.json", {**HEADER, "copy_curve": curve})
+    report.render(out)
     md = (out / "BENCH.md").read_text()
     assert "same-size copy: median (max)" in md and "copy curve (the same-size" in md
 
@@ -84,12 +90,12 @@ def test_copy_curve_interpolation_and_same_size_column(tmp_path):
 def test_plot_spec_picks_x_panels_and_fixed():
     labels = [{"dtype": d, "B": b, "K": k, "V": v} for d in ("bf16", "f32")
               for v in (1, 2, 3) for k in (1, 3) for b in (1, 2, 4)]
-    spec = bench.plot_spec(labels)
+    spec = results.plot_spec(labels)
     assert spec["x"] == "B" and spec["panel"] == "V"
     assert spec["fixed"] == {"dtype": "bf16", "K": 1}
-    spec = bench.plot_spec(labels, {"plot": {"fixed": {"K": 3}, "panel": None}})
+    spec = results.plot_spec(labels, {"plot": {"fixed": {"K": 3}, "panel": None}})
     assert spec["panel"] is None and spec["fixed"]["K"] == 3 and "V" in spec["fixed"]
-    spec = bench.plot_spec([{"pairs": p, "pair_bytes": n} for p in (1, 4)
+    spec = results.plot_spec([{"pairs": p, "pair_bytes": n} for p in (1, 4)
                             for n in (64, 1024, 4096)])
     assert spec["x"] == "pair_bytes" and spec["panel"] == "pairs"
 
@@ -97,7 +103,7 @@ def test_plot_spec_picks_x_panels_and_fixed():
 def test_render_tables_plots_and_readme(tmp_path):
     out = tmp_path / "results" / "h200"
     write_fake(out)
-    bench.render(out)
+    report.render(out)
     md = (out / "BENCH.md").read_text()
     assert "NVIDIA H200" in md and "132 SMs" in md and "4.200 TB/s" in md
     assert "## Headline" in md and "| argmax" in md
@@ -112,39 +118,92 @@ def test_render_tables_plots_and_readme(tmp_path):
         png = out / f"bench-{name}.png"
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{bench.HEADLINE_START}\nold\n{bench.HEADLINE_END}\nrest\n")
-    assert bench.update_readme(readme, out)
-    text = readme.read_text()
+    assert head[4:7] == ["noise", "ours back to back us", "torch eager us"], head
+    assert "Timed by an earlier bench" not in md
+
+    page = tmp_path / "README.md"
+    page.write_text(f"intro\n{readme.HEADLINE_START}\nold\n{readme.HEADLINE_END}\nrest\n")
+    assert readme.update_readme(page, out)
+    text = page.read_text()
     assert "old" not in text and text.startswith("intro") and text.rstrip().endswith("rest")
     assert "(results/h200/bench-argmax.png)" in text and "| argmax" in text
-    assert bench.main(["--render", str(out), "--readme", str(readme)]) == 0
+    # the plotted suite is the one whose extra says so, not a name the bench knows
+    other = results.read_json(out / "bench-other.json")
+    results.write_json(out / "bench-other.json", {**other, "extra": {"readme": True}})
+    assert readme.update_readme(page, out)
+    assert "(results/h200/bench-other.png)" in page.read_text()
+    assert bench.main(["--render", str(out), "--readme", str(page)]) == 0
+
+
+def test_a_run_from_before_the_primary_timing_reads_as_back_to_back(tmp_path):
+    res = fake_suite()
+    for e in res["cases"]:
+        del e["timings"][results.BACK_TO_BACK]
+        for t in e["timings"].values():
+            t["mode"] = "eager" if t["mode"] == "eager" else "graph"
+    e = res["cases"][0]
+    assert results.primary_regime(res) == "graph"
+    assert results.back_to_back_time(e) == results.ours_time(e)
+    assert "ours back to back us" not in report.suite_rows(res, 4.2e12)[0]
+    out = tmp_path / "r"
+    write_fake(out)
+    results.write_json(out / "bench-argmax.json", res)
+    report.render(out)
+    assert report.BACK_TO_BACK_NOTE in (out / "bench-argmax.md").read_text()
+
+
+def test_plot_slice_of_a_suite_of_several_ops():
+    """Fixed fields constrain only the cases that have them: a verify op with N and two
+    draft ops without it share the plot's B axis, one panel an op."""
+    labels = [{"op": "verify", "dtype": "bf16", "B": b, "N": n, "V": 151936}
+              for b in (1, 8) for n in (2, 4)]
+    labels += [{"op": op, "dtype": "bf16", "B": b, "V": v, **({"H": 4096} if h else {})}
+               for op, h in (("extend", 1), ("topk1", 0)) for b in (1, 8)
+               for v in (32000, 151936)]
+    spec = results.plot_spec(labels, {"plot": {"x": "B", "panel": "op",
+                                               "fixed": {"N": 4, "V": 151936}}})
+    shown = [lab for lab in labels if results.in_slice(lab, spec)]
+    assert sorted({(lab["op"], lab["B"]) for lab in shown}) == [
+        ("extend", 1), ("extend", 8), ("topk1", 1), ("topk1", 8), ("verify", 1),
+        ("verify", 8)]
+    assert len(shown) == 6 and all(lab["V"] == 151936 for lab in shown)
+    assert all(lab.get("N", 4) == 4 for lab in shown)
 
 
 def test_headline_numbers():
     res = fake_suite()
-    head, rows = bench.headline_rows([res], HEADER["copy_bandwidth_Bps"])
+    head, rows = report.headline_rows([res], HEADER["copy_bandwidth_Bps"])
     row = dict(zip(head, rows[0], strict=False))
     assert row["cases"] == "16"
-    ratios = [e["timings"]["torch graph"]["p50"] / bench.ours_time(e) for e in res["cases"]]
+    ratios = [e["timings"]["torch graph"]["p50"] / results.ours_time(e) for e in res["cases"]]
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert row["x vs torch graph: geomean (min-max)"].startswith(f"{geo:.2f}x")
     assert "1.25x geomean over 4 cases (8 tuned)" == row["tuned vs heuristic"]
-    assert bench.noise(res["cases"][0]) == pytest.approx(0.02)
+    assert results.noise(res["cases"][0]) == pytest.approx(0.02)
 
 
 def test_cpu_functional_check_end_to_end(tmp_path, device):
+    """The smoke run writes each suite as it finishes; a later run over another suite
+    keeps it, and a run the time cap leaves no time for overwrites nothing."""
     if device.type != "cpu":
         pytest.skip("the CPU functional check")
     out = tmp_path / "cpu"
-    assert bench.main(["--out", str(out), "--recipe", "argmax"]) == 0
+    assert bench.main(["--out", str(out), "--suite", "argmax"]) == 0
     data = json.loads((out / "bench-argmax.json").read_text())
     assert data["preset"] == "smoke" and data["cases"]
     case = data["cases"][0]
     assert set(case["timings"]) >= {"ours", "torch eager", "torch graph"}
     assert not case["errors"]
     assert (out / "BENCH.md").exists() and (out / "bench-argmax.png").exists()
-    assert bench.main(["--recipe", "nope"]) == 2
+    before = (out / "bench-argmax.json").read_text()
+    assert bench.main(["--out", str(out), "--recipe", "copy_inputs"]) == 0
+    assert json.loads((out / "BENCH.json").read_text())["suites"] == ["argmax",
+                                                                     "copy_inputs"]
+    assert (out / "bench-argmax.json").read_text() == before
+    assert "| copy_inputs" in (out / "BENCH.md").read_text()
+    assert bench.main(["--out", str(out), "--suite", "argmax", "--max-seconds", "0"]) == 0
+    assert (out / "bench-argmax.json").read_text() == before
+    assert bench.main(["--suite", "nope"]) == 2
 
 
 def test_overhead_report(device):
@@ -152,34 +211,34 @@ def test_overhead_report(device):
 
     load_recipes()
     suites = {k: v for k, v in benches().items() if k == "argmax"}
-    ov = bench.measure_overhead(suites, device, calls=2, log=lambda *a: None)
+    ov = overhead.measure_overhead(suites, device, calls=2, log=lambda *a: None)
     row = ov["rows"][0]
     assert row["suite"] == "argmax" and "error" not in row, row
     assert row["ours_python_us"] > 0 and row["torch_host_us"] > 0
     ov["header"] = {**HEADER, "device_type": device.type}
-    text = bench.overhead_md(ov)
+    text = report.overhead_md(ov)
     assert "| argmax" in text and "of which our Python" in text
 
 
 def test_overhead_rerun_of_some_suites_keeps_the_others():
-    def report(date, gpu, suites):
+    def overhead_of(date, gpu, suites):
         rows = [{"suite": n, "label": {"B": 1}, "ours_host_us": 40.0, "ours_python_us": 20.0,
                  "ours_sync_us": 50.0} for n in suites]
         return {"header": {**HEADER, "gpu": gpu, "date": date}, "rows": rows,
                 "bare_triton_launch_us": 12.0, "calls": 200}
 
-    old = report("day 1", "NVIDIA H200", ["argmax", "draft_tail", "relay"])
-    new = report("day 2", "NVIDIA H200", ["draft_tail"])
-    merged = bench.merge_overhead(old, new)
+    old = overhead_of("day 1", "NVIDIA H200", ["argmax", "draft_tail", "relay"])
+    new = overhead_of("day 2", "NVIDIA H200", ["draft_tail"])
+    merged = overhead.merge_overhead(old, new)
     assert [(r["suite"], r["date"]) for r in merged["rows"]] == [
         ("argmax", "day 1"), ("draft_tail", "day 2"), ("relay", "day 1")]
     assert merged["header"]["date"] == "day 2"
-    text = bench.overhead_md(merged)
+    text = report.overhead_md(merged)
     assert "| measured" in text and "day 1" in text and "day 2" in text
-    other_gpu = bench.merge_overhead(report("day 1", "NVIDIA A100", ["argmax"]), new)
+    other_gpu = overhead.merge_overhead(overhead_of("day 1", "NVIDIA A100", ["argmax"]), new)
     assert [r["suite"] for r in other_gpu["rows"]] == ["draft_tail"]
-    assert "measured" not in bench.overhead_md(other_gpu)     # one run: no date column
-    assert [r["suite"] for r in bench.merge_overhead(None, new)["rows"]] == ["draft_tail"]
+    assert "measured" not in report.overhead_md(other_gpu)     # one run: no date column
+    assert [r["suite"] for r in overhead.merge_overhead(None, new)["rows"]] == ["draft_tail"]
 
 
 def test_no_launch_skips_kernels(device):
@@ -187,7 +246,7 @@ def test_no_launch_skips_kernels(device):
 
     x = torch.randn(3, 500, device=device)
     out = torch.full((3,), -5, dtype=torch.int64, device=device)
-    with bench._NoLaunch():
+    with overhead.NoLaunch():
         recipes.argmax(x, out=out)
     assert out.tolist() == [-5, -5, -5]              # nothing was launched
     recipes.argmax(x, out=out)
@@ -239,12 +298,12 @@ def test_make_states_clones_only_exact_layouts(device):
         return {"x": x[:, :6]}
 
     made.clear()
-    st = bench.make_states(BenchCase({}, make_plain, {}, 0), device, 7, 3)
+    st = run.make_states(BenchCase({}, make_plain, {}, 0), device, 7, 3)
     assert made == [7] and len(st) == 3
     assert st[1]["x"].data_ptr() != st[0]["x"].data_ptr()
     assert torch.equal(st[2]["x"], st[0]["x"]) and st[2]["n"] == 3
     made.clear()
-    st = bench.make_states(BenchCase({}, make_view, {}, 0), device, 7, 3)
+    st = run.make_states(BenchCase({}, make_view, {}, 0), device, 7, 3)
     assert made == [7, 8, 9] and st[1]["x"].stride() == (8, 1)
 
 
@@ -253,12 +312,109 @@ def test_a_suite_from_an_earlier_run_says_so(tmp_path):
     write_fake(out)
     old = fake_suite()
     old["date"], old["command"] = "2024-12-31 00:00 UTC", "python -m autotune bench"
-    bench.write_json(out / "bench-argmax.json", old)
-    bench.render(out)
+    results.write_json(out / "bench-argmax.json", old)
+    report.render(out)
     md = (out / "BENCH.md").read_text()
     assert "Measured by an earlier run: 2024-12-31 00:00 UTC" in md
     same = fake_suite()
     same["date"] = HEADER["date"]
-    bench.write_json(out / "bench-argmax.json", same)
-    bench.render(out)
+    results.write_json(out / "bench-argmax.json", same)
+    report.render(out)
     assert "Measured by an earlier run" not in (out / "BENCH.md").read_text()
+
+
+def test_compat_suite_peer_computes_what_the_adapters_do(device):
+    """The compat suite's torch peer and chain_verify variant against the adapters, bit for
+    bit, outputs and in-place updates (a peer computing something else would make its
+    column meaningless)."""
+    from helpers import assert_equal
+
+    from autotune.suites.compat_sglang import SUITES
+
+    cases = SUITES[0].cases("smoke")
+    assert {c.label["op"] for c in cases} == {"target_verify", "draft_extend", "draft_topk1"}
+    for case in cases:
+        mine, peer = case.make(device, 3), case.make(device, 3)
+        got = case.variants["ours"].fn(mine)
+        want = case.variants["torch graph"].fn(peer)
+        what = case.label["op"]
+        assert len(want) <= len(got)
+        for k, w in enumerate(want):
+            assert_equal(got[k], w, f"{what} output {k}")
+        assert all(t is None for t in got[len(want):])
+        for name in ("positions", "draft_tokens"):
+            if name in mine:
+                assert_equal(mine[name], peer[name], f"{what} {name}")
+        if "ours: chain_verify" in case.variants:
+            r = case.variants["ours: chain_verify"].fn(mine)
+            assert_equal(r.bonus, got.bonus_tokens, "chain_verify bonus")
+            assert_equal(r.accept_len, got.num_correct_drafts, "chain_verify accept_len")
+
+
+def _case(label, ours, nbytes, **more):
+    timings = {"ours": {"p50": ours, "mode": "behind"},
+               results.REPEAT: {"p50": ours * 1.01, "mode": "behind"}}
+    for name, us in more.items():
+        timings[name] = {"p50": us, "mode": "graph" if name == results.BACK_TO_BACK
+                         else "behind"}
+    return {"label": label, "bytes": nbytes, "timings": timings, "errors": {},
+            "tuned": "differs" if results.HEURISTIC in more else "none"}
+
+
+def test_targets_from_synthetic_results(tmp_path):
+    """targets.json: ids and verdicts from the bench files, the SGLang reference and the
+    tune files; missing inputs and back-to-back-only files give null with a reason."""
+    from autotune import targets
+
+    root = tmp_path / "gpu"
+    root.mkdir()
+    assert all(r["met"] is None and r["reason"] for r in targets.compute(root))
+    ref = {"target_verify": [{"dtype": "bfloat16", "B": 1, "N": 4, "V": 151936, "us": 4.19},
+                             {"dtype": "bfloat16", "B": 256, "N": 4, "V": 151936,
+                              "us": 98.03}],
+           "draft_extend": [{"dtype": "bfloat16", "B": 1, "V": 32000, "H": 4096,
+                             "us": 3.11}],
+           "draft_topk1": [{"dtype": "bfloat16", "B": 1, "V": 32000, "us": 3.13}]}
+    results.write_json(root / "sglang-reference.json", ref)
+    results.write_json(root / "BENCH.json", HEADER)
+    big = 256 * 4 * 151936 * 2
+    compat = {"suite": "compat_sglang", "cases": [
+        _case({"op": "target_verify", "dtype": "bfloat16", "B": 1, "N": 4, "V": 151936},
+              2.7, 1 << 20, **{results.BACK_TO_BACK: 2.1}),
+        # slower than 98.03 / 1.3 but at 95% of the copy bandwidth: met
+        _case({"op": "target_verify", "dtype": "bfloat16", "B": 256, "N": 4, "V": 151936},
+              big / (0.95 * HEADER["copy_bandwidth_Bps"]) * 1e6, big + 4096),
+        _case({"op": "draft_extend", "dtype": "bfloat16", "B": 1, "V": 32000, "H": 4096},
+              2.0, 1 << 16),
+        _case({"op": "draft_topk1", "dtype": "bfloat16", "B": 1, "V": 32000}, 2.5, 1 << 16,
+              **{results.HEURISTIC: 2.0})]}
+    results.write_json(root / "bench-compat_sglang.json", compat)
+    old = {"suite": "chain_verify", "cases": [
+        {"label": {"dtype": "bfloat16", "B": 1, "K": 3, "V": 151936}, "bytes": 1 << 20,
+         "errors": {}, "timings": {"ours": {"p50": 1.9, "mode": "graph"}}}]}
+    results.write_json(root / "bench-chain_verify.json", old)
+    results.write_json(root / "tune-report.json", {"wall_s": 431.0, "fresh": True, "keys": [
+        {"recipe": "argmax", "key": {"R": 1}, "grid": 96, "trials": {"evaluated": 50}},
+        {"recipe": "relay", "key": {"B": 1}, "grid": 40, "evaluated": 12}]})
+    assert targets.main([str(root)]) == 0
+    rows = {r["id"]: r for r in results.read_json(root / "targets.json")}
+    assert set(rows) >= {"dropin.verify_b1", "dropin.verify_all", "dropin.draft_all",
+                         "verify.greedy_b1", "verify.sampled_b1", "tune.wall",
+                         "tune.coverage", "tune.quality", "tune.never_slower",
+                         "tune.geomean"}
+    for r in rows.values():
+        assert set(r) >= {"id", "what", "target", "measured", "unit", "met"}
+        assert r["met"] is not None or r["reason"]
+    assert rows["dropin.verify_b1"]["met"] is True and rows["dropin.verify_b1"]["measured"] == 2.7
+    assert rows["dropin.verify_all"]["met"] is True and rows["dropin.verify_all"]["measured"] == 2
+    assert rows["dropin.draft_all"]["met"] is False          # topk1: 2.5 > 3.13 / 1.3
+    assert "draft_topk1" in rows["dropin.draft_all"]["detail"]
+    assert rows["verify.greedy_b1"]["met"] is None            # timed back to back only
+    assert "earlier bench" in rows["verify.greedy_b1"]["reason"]
+    assert rows["tune.wall"]["met"] is True and rows["tune.wall"]["measured"] == 431.0
+    assert rows["tune.coverage"]["met"] is False and "relay" in rows["tune.coverage"]["detail"]
+    assert rows["tune.quality"]["met"] is None                # no tuner-quality.json
+    assert rows["tune.never_slower"]["met"] is False          # 2.5 vs 2.0 us: 25% slower
+    results.write_json(root / "tune-report.json", {"wall_s": 100.0, "fresh": False})
+    rows = {r["id"]: r for r in targets.compute(root)}
+    assert rows["tune.wall"]["met"] is None and "fresh" in rows["tune.wall"]["reason"]

@@ -97,7 +97,8 @@ SUITES = [
         notes="ours: one launch (argmax of every row fused with the accept logic); "
               "torch: argmax over the rows, then cumprod/where/gather for the accept "
               "logic. Bytes: the logits read once plus drafts and outputs.",
-        extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}}}),
+        extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}},
+               "readme": True}),      # the plot the README shows
     BenchSuite(
         name=TUNING.name + "_sampled", cases=_sampled_bench_cases, title="chain_verify (sampled)",
         notes="ours: one launch, every request sampled (temperature in [0.5, 1.5]): "

@@ -1,0 +1,207 @@
+"""Benchmark of recipes.compat.sglang: the three SGLang top-1 adapters against torch.
+
+Shapes are the drop-in targets': the verifier at B = 1..256 (N = 4, V = 151936, bf16),
+at B = 1 over other vocabularies, N and dtypes, and at B = 32, N = 6, V = 154880 fp32;
+the two draft adapters at B in {1, 8, 64, 256} and Vd in {32000, 151936}, H = 4096
+(draft_extend with hidden states, draft_topk1 writing a draft_tokens column). Where an
+adapter takes `out=` (preallocated outputs, the structure it returns), the bench passes
+it; otherwise each call allocates its outputs, as an engine calling it would.
+"""
+import inspect
+
+import torch
+
+from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from autotune.suites import dtype_name
+from recipes.chain_verify import VerifyResult, chain_verify, make_inputs, reference, tune_key
+from recipes.compat import sglang as S
+from recipes.draft_tail import TUNING as DRAFT_TAIL
+from recipes.draft_tail import make_inputs as draft_inputs
+from recipes.draft_tail import tune_key as draft_key
+
+
+def _takes_out(fn) -> bool:
+    return "out" in inspect.signature(fn).parameters
+
+
+def _like(res):
+    """Buffers of the structure and layout of an adapter's result, for `out=`."""
+    parts = [None if t is None else torch.empty_like(t) for t in res]
+    return type(res)(*parts) if hasattr(res, "_fields") else tuple(parts)
+
+
+def _verify_shapes(preset: str):
+    bf, f32 = torch.bfloat16, torch.float32
+    if preset == "smoke":
+        return [(bf, 2, 4, 4096)]
+    if preset == "quick":
+        return [(bf, b, 4, 151936) for b in (1, 32, 256)]
+    shapes = [(bf, b, 4, 151936) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    shapes += [(bf, 1, 4, v) for v in (129280, 262144)]
+    shapes += [(bf, 1, n, 151936) for n in (2, 8)]
+    return shapes + [(f32, 1, 4, 151936), (f32, 32, 6, 154880)]
+
+
+def _draft_shapes(preset: str):
+    if preset == "smoke":
+        return [(2, 4096, 256)]
+    if preset == "quick":
+        return [(1, 32000, 4096), (256, 151936, 4096)]
+    return [(b, v, 4096) for v in (32000, 151936) for b in (1, 8, 64, 256)]
+
+
+def _verify_inputs(key: dict, device, seed: int, N: int) -> dict:
+    """The verifier's SGLang arguments: logits [B*N, V] whose argmax accepts a random
+    prefix of the drafts, candidates = [last committed token, drafts], the chain layout,
+    seq_lens; plus the drafts alone (contiguous) for chain_verify."""
+    x, d, _ = make_inputs(key, device, seed)
+    B, V = key["B"], key["V"]
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    last = torch.randint(0, V, (B, 1), generator=g).to(device)
+    rnext = torch.arange(1, N + 1, dtype=torch.int64).repeat(B, 1)
+    rnext[:, -1] = -1
+    return {"logits": x, "candidates": torch.cat([last, d.to(torch.int64)], dim=1),
+            "retrieve_index": torch.arange(B * N, dtype=torch.int64).view(B, N).to(device),
+            "retrieve_next_token": rnext.to(device),
+            "seq_lens": torch.randint(64, 4096, (B,), generator=g).to(device),
+            "drafts": d.to(torch.int64).contiguous()}
+
+
+def _verify_args(s: dict):
+    return (s["logits"], s["candidates"], s["retrieve_index"], s["retrieve_next_token"],
+            s["seq_lens"])
+
+
+def _torch_verify(s: dict):
+    """Torch's way: argmax of every row, the accept logic, then SGLang's output layout."""
+    B, N = s["candidates"].shape
+    r = reference(s["logits"], s["candidates"][:, 1:])
+    keep = torch.arange(N, device=r.tokens.device)[None, :] <= r.accept_len[:, None]
+    predict = torch.where(keep, r.tokens, 0).view(-1)
+    flat = torch.arange(B * N, device=keep.device, dtype=torch.int32).view(B, N)
+    accept_lens = r.accept_len + 1
+    return (predict, r.accept_len, accept_lens, torch.where(keep, flat, -1), r.bonus,
+            s["seq_lens"] + accept_lens, r.select_index, predict.to(torch.int64))
+
+
+def _verify_cases(preset: str):
+    out = _takes_out(S.target_verify_topk1_postprocess)
+    cases = []
+    for dtype, B, N, V in _verify_shapes(preset):
+        key = tune_key(dtype, V, B, N - 1)
+
+        def make(device, seed, key=key, N=N):
+            s = _verify_inputs(key, device, seed, N)
+            s["cv_out"] = VerifyResult(*[t.clone() for t in reference(s["logits"],
+                                                                              s["drafts"])])
+            if out:
+                s["out"] = _like(S.target_verify_topk1_postprocess(*_verify_args(s)))
+            return s
+
+        def ours(s):
+            kw = {"out": s["out"]} if "out" in s else {}
+            return S.target_verify_topk1_postprocess(*_verify_args(s), **kw)
+
+        # the logits once, candidates, retrieve tensors and seq_lens read, the 8 outputs
+        nbytes = (B * N * V * torch.tensor([], dtype=dtype).element_size()
+                  + B * N * 8 * 3 + B * 8 + B * N * (4 + 4 + 8) + B * (4 * 3 + 8 * 2))
+        cases.append(BenchCase(
+            label={"op": "target_verify", "dtype": dtype_name(dtype), "B": B, "N": N,
+                   "V": V},
+            make=make, bytes=nbytes,
+            variants={
+                "ours": BenchVariant(ours),
+                "ours: chain_verify": BenchVariant(
+                    lambda s: chain_verify(s["logits"], s["drafts"], out=s["cv_out"])),
+                "torch eager": BenchVariant(_torch_verify, eager=True, peer=True),
+                "torch graph": BenchVariant(_torch_verify, peer=True),
+            }))
+    return cases
+
+
+def _torch_draft(s: dict):
+    t = torch.argmax(s["logits"], dim=1)
+    s["positions"].add_(1)
+    s["draft_tokens"][:, s["column"]] = t
+    return torch.ones(t.shape[0], 1, dtype=torch.float32, device=t.device), t[:, None]
+
+
+def _torch_draft_extend(s: dict):
+    rows = s["rows"]
+    t = torch.argmax(s["logits"][rows], dim=1)
+    return (torch.ones(t.shape[0], 1, dtype=torch.float32, device=t.device), t[:, None],
+            s["hidden"][rows])
+
+
+def _draft_cases(preset: str):
+    topk1_out = _takes_out(S.draft_topk1_postprocess)
+    extend_out = _takes_out(S.draft_extend_topk1_postprocess)
+    cases = []
+    for B, V, H in _draft_shapes(preset):
+        key = draft_key(torch.bfloat16, V, B, H)
+
+        def make_extend(device, seed, key=key):
+            inp = draft_inputs(key, device, seed)     # logits [2B, V], B rows selected
+            s = {"logits": inp["logits"], "rows": inp["rows"], "hidden": inp["hidden"]}
+            if extend_out:
+                s["out"] = _like(S.draft_extend_topk1_postprocess(
+                    s["logits"], s["rows"], s["hidden"]))
+            return s
+
+        def extend(s):
+            kw = {"out": s["out"]} if "out" in s else {}
+            return S.draft_extend_topk1_postprocess(s["logits"], s["rows"], s["hidden"],
+                                                    **kw)
+
+        def make_topk1(device, seed, key=key, B=B):
+            inp = draft_inputs(key, device, seed)
+            s = {"logits": inp["logits"][:B].clone(), "positions": inp["positions"],
+                 "draft_tokens": inp["draft_tokens"], "column": inp["column"]}
+            if topk1_out:
+                s["out"] = _like(S.draft_topk1_postprocess(
+                    s["logits"], s["positions"], s["draft_tokens"], s["column"]))
+            return s
+
+        def topk1(s):
+            kw = {"out": s["out"]} if "out" in s else {}
+            return S.draft_topk1_postprocess(s["logits"], s["positions"], s["draft_tokens"],
+                                             s["column"], **kw)
+
+        label = {"dtype": "bfloat16", "B": B, "V": V}
+        cases.append(BenchCase(
+            label={"op": "draft_extend", **label, "H": H}, make=make_extend,
+            bytes=DRAFT_TAIL.bytes_moved(key),
+            variants={"ours": BenchVariant(extend),
+                      "torch eager": BenchVariant(_torch_draft_extend, eager=True,
+                                                  peer=True),
+                      "torch graph": BenchVariant(_torch_draft_extend, peer=True)}))
+        cases.append(BenchCase(
+            label={"op": "draft_topk1", **label}, make=make_topk1,
+            bytes=DRAFT_TAIL.bytes_moved({**key, "H": 0}),
+            variants={"ours": BenchVariant(topk1),
+                      "torch eager": BenchVariant(_torch_draft, eager=True, peer=True),
+                      "torch graph": BenchVariant(_torch_draft, peer=True)}))
+    return cases
+
+
+def _bench_cases(preset: str):
+    return _verify_cases(preset) + _draft_cases(preset)
+
+
+SUITES = [
+    BenchSuite(
+        name="compat_sglang", cases=_bench_cases,
+        title="compat.sglang (SGLang's top-1 helpers, drop-in)",
+        notes="op target_verify: target_verify_topk1_postprocess on logits [B*N, V] "
+              "(N = K+1), the chain layout; 'ours: chain_verify': recipes.chain_verify on "
+              "the same logits (the verification without SGLang's output layout); torch: "
+              "argmax of every row, the accept logic, the layout. op draft_extend: "
+              "draft_extend_topk1_postprocess on logits [2B, Vd] with B rows selected "
+              "and their hidden rows (H) gathered; op draft_topk1: "
+              "draft_topk1_postprocess on logits [B, Vd], positions += 1 and a "
+              "draft_tokens column written; torch: index, argmax, gather, add_, column "
+              "write. Bytes: the logits read once plus the small tensors (and the hidden "
+              "rows read and written once).",
+        extra={"plot": {"x": "B", "panel": "op",
+                        "fixed": {"dtype": "bfloat16", "N": 4, "V": 151936}}}),
+]
