@@ -735,3 +735,14 @@ def test_one_cuda_kernel_and_no_allocation_with_out(device):
         graph.replay()
         assert allocated <= 0, f"{name}: the capture allocated {allocated} bytes"
 
+
+def test_stage_pricing_kernels_compute_their_stage(device):
+    """autotune.stages (the small-batch stage pricing of this launch) checks each stage's
+    outputs before timing it; here on a small shape, so the script keeps working."""
+    from autotune import stages
+
+    shape = stages.Shape(1, 4, 3000, torch.bfloat16, device, sets=1)
+    configs = stages.configs_for(shape)
+    assert {label for label, _ in configs} >= {"heuristic"}
+    for _, cfg in configs[:2]:
+        shape.check(cfg)
