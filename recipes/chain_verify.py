@@ -37,6 +37,9 @@ the next call. K = 0 is the plain argmax row with m = 0. B = 0 launches nothing.
 Greedy rows scan with `chunk_argmax_packed`; sampled rows with
 `_gumbel_core.sampled_chunk_packed` (same stage 2: the exact float32 score is packed like
 a logit). Without `temperature` the sampled code is not compiled in (SAMPLED=False).
+The same finish can also write SGLang's layout of the answer (SGLANG=True: the launcher's
+`sglang` tensors, for `recipes.compat.sglang`), greedy or sampled rows alike; off, it is
+not compiled in and the kernel is the same instruction for instruction (sm_90 SASS).
 
 Sampled scan (EXACT=0, the default): one pass over the logits, per id an upper bound of
 its score from the Philox bits, two MUFU.LG2 and an FFMA, kept as a per-lane max; then
@@ -133,9 +136,11 @@ def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None
 # --- kernels ---------------------------------------------------------------------------
 @triton.jit
 def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
-                     b, K, KP1: tl.constexpr):
+                     b, K, KP1: tl.constexpr, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr,
+                     sg_seq_ptr, SGLANG: tl.constexpr):
     """The last program of request b: read its K+1 argmaxes, accept against the drafts
-    `d` (int64 [KP1], loaded up front), write, reset."""
+    `d` (int64 [KP1], loaded up front), write, reset. SGLANG: write SGLang's layout
+    instead of `tokens` (see `launch_verify`); `seq` is seq_lens[b], loaded up front."""
     j = tl.arange(0, KP1)
     in_row = j <= K
     row0 = b.to(tl.int64) * (K + 1)
@@ -146,7 +151,17 @@ def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, sel
     is_draft = j < K
     miss = is_draft & (d != t.to(tl.int64))
     m = tl.min(tl.where(miss, j, K), 0)
-    tl.store(tokens_ptr + row0 + j, tl.where(j <= m, t, -1), mask=in_row)
+    if SGLANG:
+        keep = j <= m
+        predict = tl.where(keep, t, 0)
+        tl.store(tokens_ptr + row0 + j, predict, mask=in_row)
+        tl.store(sg_draft_ptr + row0 + j, predict.to(tl.int64), mask=in_row)
+        tl.store(sg_index_ptr + row0 + j, tl.where(keep, row0 + j, -1).to(tl.int32),
+                 mask=in_row)
+        tl.store(sg_lens_ptr + b, m + 1)
+        tl.store(sg_seq_ptr + b, seq + (m + 1).to(seq.dtype))
+    else:
+        tl.store(tokens_ptr + row0 + j, tl.where(j <= m, t, -1), mask=in_row)
     tl.store(accept_ptr + b, m.to(tl.int32))
     tl.store(bonus_ptr + b, tl.sum(tl.where(j == m, t, 0), 0).to(tl.int32))
     tl.store(select_ptr + b, row0 + m)
@@ -157,9 +172,10 @@ def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, sel
 def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
                    acc_ptr, cnt_ptr, temp_ptr, seed_ptr, pos_ptr, V, K, stride_b, stride_j,
                    stride_db, stride_dk, stride_t, stride_s, stride_p, n_split, tiles_per,
+                   seq_ptr, stride_seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
                    BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
                    SAMPLED: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PDL: tl.constexpr, SGLANG: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
@@ -174,6 +190,9 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
     jd = tl.arange(0, KP1)
     d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
                 other=-1).to(tl.int64)
+    seq = 0
+    if SGLANG:    # seq_lens[b], for the finisher's new_seq_lens (also off its path)
+        seq = tl.load(seq_ptr + b.to(tl.int64) * stride_seq)
     if SAMPLED:
         # per request: temperature > 0 samples (0, negatives and NaN stay greedy)
         T = tl.load(temp_ptr + b.to(tl.int64) * stride_t).to(tl.float32)
@@ -192,7 +211,8 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
     arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
     if arrived == per_req - 1:
         _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
-                         b, K, KP1)
+                         b, K, KP1, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
+                         SGLANG)
 
 
 # --- search space and heuristic ----------------------------------------------------------
@@ -291,7 +311,14 @@ def _validate_sampling(temperature, seeds, positions, B, device):
 
 
 def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
-                  sampling=None) -> None:
+                  sampling=None, sglang=None) -> None:
+    """Launch on validated tensors (B >= 1). `sampling`: (temperature, seeds, positions)
+    or None (greedy). `sglang`: None, or the tensors of SGLang's layout of the same
+    answer, written by the finishing programs in the same launch (`recipes.compat.sglang`):
+    (seq_lens [B] int32/int64 any stride, draft_tokens int64 [B*(K+1)], accept_index
+    int32 [B*(K+1)], accept_lens int32 [B], new_seq_lens [B] in seq_lens' dtype). Then
+    out.tokens receives SGLang's `predict` (0 instead of -1 after m) and the three
+    [B] fields of `out` are num_correct_drafts, bonus_tokens and select_index."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     acc, cnt = C.WORKSPACE.get(logits.device, B * (K + 1), B)
     if sampling is None:
@@ -300,13 +327,21 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     else:
         temp, seeds, pos = sampling
         st, ss, sp = temp.stride(0), seeds.stride(0), pos.stride(0)
+    if sglang is None:
+        seq = sg_draft = sg_index = sg_lens = sg_seq = logits     # never read (SGLANG=False)
+        stride_seq = 0
+    else:
+        seq, sg_draft, sg_index, sg_lens, sg_seq = sglang
+        stride_seq = seq.stride(0)
     pdl = C.pdl(logits.device, B * (K + 1) * split)
     _verify_kernel[(B * (K + 1) * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
         draft_tokens.stride(1), st, ss, sp, split, tiles_per,
+        seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq,
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
+        SGLANG=sglang is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 

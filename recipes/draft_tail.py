@@ -41,12 +41,15 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   Slots are per output b, not per logits row, so repeated rows do not share one. The
   first chunk's program of each b writes probs[b] = 1 and positions[b] += 1 (its
   positions load is issued before the scan, so it is off the critical path).
-* The hidden rows, by config (FUSE_H): copy programs (the last B * cdiv(H, BLOCK_H)
-  ids, one BLOCK_H tile of hidden[r[b]] each; last, so that the scan starts at once),
+* The hidden rows, by config (FUSE_H): copy programs (B * cdiv(H, BLOCK_H) ids after
+  the argmax ones, one BLOCK_H tile of hidden[r[b]] each, so that the scan starts at once),
   or the argmax programs themselves, chunk s copying slice s of its row with the load
   issued next to its first logits tiles and the store before the scan, so nothing is
   held through the loop (the choice where a full grid of scans leaves copy programs no
   slot until it ends).
+* A second gathered tensor, when the launcher is given one (`launch_draft_tail`'s
+  `gather`, which `recipes.compat.sglang` uses for SGLang's DSA top-k indices): copy
+  programs after the hidden ones, out-of-range rows giving zeros instead of clamping.
 
 On sm_90+ every launch is a programmatic dependent launch (`_common.pdl`): the kernel
 may start while the previous one on the stream runs, and waits for it before its first
@@ -129,13 +132,24 @@ def _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _copy_hidden(pid, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h, h_tiles,
-                 HAS_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _copy_rows(pid, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h, h_tiles,
+               HAS_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, ZERO_OUTSIDE: tl.constexpr):
+    """One BLOCK_H tile of output row b = pid // h_tiles: hout[b] = h[r[b]], r[b] clamped
+    into [0, R) (`_selected_row`: the hidden rows); with ZERO_OUTSIDE, zeros where
+    rows[b] is outside [0, R) instead (the second gathered tensor: relay_gather's rule)."""
     b = pid // h_tiles
     cols = (pid % h_tiles) * BLOCK_H + tl.arange(0, BLOCK_H)
-    r = _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS)
     m = cols < H
-    v = tl.load(h_ptr + r * stride_h + cols, mask=m)
+    if ZERO_OUTSIDE:
+        r = b.to(tl.int64)
+        if HAS_ROWS:
+            r = tl.load(rows_ptr + b.to(tl.int64) * stride_rows).to(tl.int64)
+        inside = (r >= 0) & (r < R)
+        v = tl.load(h_ptr + tl.where(inside, r, 0) * stride_h + cols, mask=m & inside,
+                    other=0)
+    else:
+        r = _selected_row(rows_ptr, b, stride_rows, R, HAS_ROWS)
+        v = tl.load(h_ptr + r * stride_h + cols, mask=m)
     tl.store(hout_ptr + b.to(tl.int64) * H + cols, v, mask=m)
 
 
@@ -214,25 +228,38 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                        h_ptr, hout_ptr, acc_ptr, cnt_ptr,
                        R, V, stride_x, stride_rows, stride_map, stride_pos, stride_dt,
                        dt_col, n_split, tiles_per, H, stride_h, h_tiles, h_slice, n_arg,
+                       g_ptr, gout_ptr, G, stride_g, g_tiles, n_hid,
                        HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr,
                        HAS_POS: tl.constexpr, HAS_DT: tl.constexpr,
                        HAS_HIDDEN: tl.constexpr, ONE_CHUNK: tl.constexpr,
                        SPIN: tl.constexpr, FUSE_H: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
+                       UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,
+                       HAS_GATHER: tl.constexpr, BLOCK_G: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
-    if HAS_HIDDEN and not FUSE_H:
+    if (HAS_HIDDEN and not FUSE_H) or HAS_GATHER:
         if pid < n_arg:
             _argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr,
                          dt_ptr, h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x,
                          stride_rows, stride_map, stride_pos, stride_dt, dt_col, n_split,
                          tiles_per, H, stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS,
-                         HAS_DT, ONE_CHUNK, SPIN, False, BLOCK_V, BLOCK_H, UNROLL, SP,
-                         PDL)
+                         HAS_DT, ONE_CHUNK, SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H,
+                         UNROLL, SP, PDL)
+        elif HAS_GATHER:
+            # copy programs: the n_hid hidden tiles first (none when fused or absent),
+            # then the gathered rows
+            q = pid - n_arg
+            if q < n_hid:
+                if HAS_HIDDEN and not FUSE_H:
+                    _copy_rows(q, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H, stride_h,
+                               h_tiles, HAS_ROWS, BLOCK_H, False)
+            else:
+                _copy_rows(q - n_hid, rows_ptr, g_ptr, gout_ptr, R, stride_rows, G,
+                           stride_g, g_tiles, HAS_ROWS, BLOCK_G, True)
         else:
-            _copy_hidden(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H,
-                         stride_h, h_tiles, HAS_ROWS, BLOCK_H)
+            _copy_rows(pid - n_arg, rows_ptr, h_ptr, hout_ptr, R, stride_rows, H,
+                       stride_h, h_tiles, HAS_ROWS, BLOCK_H, False)
     else:
         _argmax_tail(pid, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_ptr,
                      h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
@@ -334,9 +361,24 @@ def resolve_config(config, key: dict, device: torch.device) -> dict:
 
 
 # --- launcher --------------------------------------------------------------------------
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _gather_block(width: int, itemsize: int, num_warps: int) -> int:
+    """The tile of a gathered-row copy program: the row's next power of two, at most
+    64 bytes a thread (a tile of BLOCK_G elements moves in one step)."""
+    return max(2, min(next_pow2(width), 32 * num_warps * 64 // itemsize))
+
+
 def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
-                      tokens, probs, hidden_out, cfg) -> None:
-    """Launch on validated tensors (B >= 1, R >= 1, column already in [0, K))."""
+                      tokens, probs, hidden_out, cfg, gather=None) -> None:
+    """Launch on validated tensors (B >= 1, R >= 1, column already in [0, K)).
+
+    gather: None, or (src [R, G], dst [B, G]): a second row gather moved by copy
+    programs of the same launch (after the hidden ones), bit for bit, with relay_gather's
+    rule: dst[b] = src[rows[b]] when 0 <= rows[b] < R, else zeros. Any dtype of 1, 2, 4
+    or 8 bytes (moved as same-size integers); src rows contiguous (any row stride), dst
+    contiguous. `recipes.compat.sglang` gathers its DSA top-k indices with it."""
     dev = logits.device
     R, V = logits.shape
     B = tokens.shape[0]
@@ -349,13 +391,21 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
     else:
         h_slice, block_h, h_tiles = 0, cfg["BLOCK_H"], cdiv(H, cfg["BLOCK_H"])
     n_hidden = B * h_tiles
-    grid = B * split + n_hidden
+    G = gather[0].shape[1] if gather is not None else 0
+    dummy = tokens
+    g_src = g_dst = dummy
+    block_g, g_tiles = 1, 0
+    if G > 0:
+        size = gather[0].element_size()
+        g_src, g_dst = (t.view(_SAME_SIZE_INT[size]) for t in gather)
+        block_g = _gather_block(G, size, cfg["num_warps"])
+        g_tiles = cdiv(G, block_g)
+    grid = B * split + n_hidden + B * g_tiles
     # The spin finisher needs the whole grid co-resident: at most a program an SM.
     spin = split > 1 and grid <= C.sm_count(dev)
     acc = cnt = tokens              # never read with one chunk a row (see launch_argmax)
     if split > 1:
         acc, cnt = C.WORKSPACE.get(dev, B * split if spin else B, B)
-    dummy = tokens
     pdl = C.pdl(dev, grid)
     _draft_tail_kernel[(grid,)](
         logits, rows if rows is not None else dummy,
@@ -370,12 +420,13 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
         draft_tokens.stride(0) if draft_tokens is not None else 0,
         column * draft_tokens.stride(1) if draft_tokens is not None else 0,
         split, tiles_per, H, hidden.stride(0) if H > 0 else 0, max(1, h_tiles), h_slice,
-        B * split,
+        B * split, g_src, g_dst, G, g_src.stride(0) if G > 0 else 0, max(1, g_tiles),
+        n_hidden,
         HAS_ROWS=rows is not None, HAS_MAP=token_map is not None,
         HAS_POS=positions is not None, HAS_DT=draft_tokens is not None,
         HAS_HIDDEN=H > 0, ONE_CHUNK=split == 1, SPIN=spin, FUSE_H=fuse,
         BLOCK_V=cfg["BLOCK_V"], BLOCK_H=block_h, UNROLL=cfg["UNROLL"],
-        SP=next_pow2(split) if spin else 1, PDL=pdl,
+        SP=next_pow2(split) if spin else 1, PDL=pdl, HAS_GATHER=G > 0, BLOCK_G=block_g,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
@@ -552,6 +603,6 @@ TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
     make_inputs=make_inputs, run=_tune_run, reference=_tune_reference,
     torch_peer=_torch_tail, bytes_moved=_bytes, default_keys=_default_keys,
-    sources=(_draft_tail_kernel, _argmax_tail, _copy_hidden, _finish, _selected_row,
+    sources=(_draft_tail_kernel, _argmax_tail, _copy_rows, _finish, _selected_row,
              chunk_first, chunk_scan, publish_packed, spin_collect, C.pdl_enter,
              C.pdl_release, launch_draft_tail))

@@ -28,8 +28,9 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
     select_index int64 [B]    b*N + m[b]
     draft_tokens int64 [B*N]  predict, widened (older SGLang called it draft_input_ids;
                               that name works as an alias attribute)
-  Two launches: `chain_verify` (every row's argmax fused with the accept logic) and one
-  small kernel that lays the results out as above.
+  One launch: `chain_verify`'s kernel (every row's argmax fused with the accept logic)
+  with its SGLang epilogue, so that the finishing program of each request writes every
+  field above (`chain_verify.launch_verify`'s `sglang`).
 * `draft_topk1_postprocess(next_token_logits [B, V], positions [B], draft_tokens=None,
   draft_token_column=0)` -> `(topk_p float32 [B, 1] all 1.0, topk_index int64 [B, 1])`;
   in place: `positions += 1`, `draft_tokens[:, draft_token_column] = topk_index[:, 0]`.
@@ -37,8 +38,16 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
 * `draft_extend_topk1_postprocess(next_token_logits [R, V], row_indices int64 [B],
   hidden_states=None, dsa_topk_indices=None)` -> `(topk_p [B, 1], topk_index [B, 1],
   hidden_states[row_indices] or None, dsa_topk_indices[row_indices] or None)`: the
-  selected rows are reduced in place (never copied out). One launch (`draft_tail`), plus
-  one `relay_gather` launch when `dsa_topk_indices` is given.
+  selected rows are reduced in place (never copied out). One launch (`draft_tail`'s
+  kernel; the DSA rows are moved by copy programs of the same launch,
+  `draft_tail.launch_draft_tail`'s `gather`).
+
+Beyond SGLang, each helper takes keyword-only `out=`, its output tuple of preallocated
+tensors (a field may be None to have it allocated; with every field given a call
+allocates nothing, e.g. inside a step graph; each one must have the field's exact shape
+and dtype, be contiguous and on the inputs' device), and `config=`, a launch config of
+the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`; None: the tuned
+table, else the heuristic). Outputs never depend on the config.
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
@@ -62,7 +71,7 @@ Where the semantics differ from SGLang's (everything else is equal bit for bit):
   `seq_lens`/`positions`/`draft_tokens`. Narrower: `positions` must be int64.
 * Out-of-range `row_indices` (SGLang: undefined) read the nearest valid row for the
   argmax and the hidden rows (`draft_tail` clamps) and zeros for the DSA rows
-  (`relay_gather`); they never read out of bounds.
+  (`relay_gather`'s rule); they never read out of bounds.
 * `hidden_states` must be a float tensor (SGLang also copies integer rows); it may have
   more rows than the logits (only the first R are addressable), as in SGLang.
 """
@@ -71,10 +80,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton
-import triton.language as tl
 
 from .. import _common as C
+from ..chain_verify import VerifyResult, launch_verify
+from ..chain_verify import resolve_config as verify_config
+from ..chain_verify import tune_key as verify_key
+from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
+from ..draft_tail import resolve_config as tail_config
+from ..draft_tail import tune_key as tail_key
+from ..relay import FIELD_DTYPES
 
 
 class TargetVerifyTopk1Output(NamedTuple):
@@ -93,35 +107,10 @@ class TargetVerifyTopk1Output(NamedTuple):
         return self.draft_tokens
 
 
-# --- the layout kernel of the verifier -------------------------------------------------
-@triton.jit
-def _layout_kernel(tokens_ptr, m_ptr, seq_ptr, predict_ptr, draft_ptr, accept_index_ptr,
-                   accept_lens_ptr, new_seq_ptr, B, N, stride_seq,
-                   BLOCK_B: tl.constexpr, NP: tl.constexpr):
-    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    j = tl.arange(0, NP)
-    in_b = b < B
-    m = tl.load(m_ptr + b, mask=in_b, other=0)
-    flat = b[:, None].to(tl.int64) * N + j[None, :]
-    cell = in_b[:, None] & (j[None, :] < N)
-    t = tl.load(tokens_ptr + flat, mask=cell, other=0)
-    keep = j[None, :] <= m[:, None]
-    pred = tl.where(keep, t, 0)
-    tl.store(predict_ptr + flat, pred, mask=cell)
-    tl.store(draft_ptr + flat, pred.to(tl.int64), mask=cell)
-    tl.store(accept_index_ptr + flat, tl.where(keep, flat, -1).to(tl.int32), mask=cell)
-    tl.store(accept_lens_ptr + b, m + 1, mask=in_b)
-    seq = tl.load(seq_ptr + b.to(tl.int64) * stride_seq, mask=in_b, other=0)
-    tl.store(new_seq_ptr + b, seq + (m + 1).to(seq.dtype), mask=in_b)
-
-
-def _layout_block(B: int) -> int:
-    return min(64, max(2, C.next_pow2(B)))      # (>= 2: no 1-wide aranges)
-
-
 # --- validation ------------------------------------------------------------------------
 def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_next_token,
                        seq_lens):
+    """(B, N, logits stride per request, logits stride per row)."""
     C.check_tensor("candidates", candidates, dtypes=C.INDEX_DTYPES, ndim=2)
     dev = candidates.device
     B, N = candidates.shape
@@ -135,6 +124,8 @@ def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_n
         raise ValueError(f"next_token_logits: expected [B*N, V] = [{B * N}, V] (or "
                          f"[{B}, {N}, V]) from candidates [B={B}, N={N}], got shape "
                          f"{tuple(next_token_logits.shape)}")
+    C.check_runnable("next_token_logits", next_token_logits)
+    C.check_logits_rows("next_token_logits", next_token_logits)
     for name, t in (("retrieve_index", retrieve_index),
                     ("retrieve_next_token", retrieve_next_token)):
         C.check_tensor(name, t, dtypes=C.INDEX_DTYPES, device=dev)
@@ -144,7 +135,53 @@ def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_n
     C.check_tensor("seq_lens", seq_lens, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
     if seq_lens.shape[0] != B:
         raise ValueError(f"seq_lens: expected shape ({B},), got {tuple(seq_lens.shape)}")
-    return B, N
+    x = next_token_logits
+    if x.dim() == 2:
+        return B, N, N * x.stride(0), x.stride(0)
+    return B, N, x.stride(0), x.stride(1)
+
+
+def _outputs(out, fields, device, what: str) -> list:
+    """The output tensors of a helper: `fields` lists (name, shape, dtype) per output,
+    or (name, None, why) for one that is None in this call. `out` None allocates every
+    field; else a tuple of len(fields) entries, each a tensor of the field's exact shape
+    and dtype (contiguous, on `device`) or None (allocated)."""
+    names = ", ".join(f[0] for f in fields)
+    if out is None:
+        out = (None,) * len(fields)
+    elif not isinstance(out, (tuple, list)) or len(out) != len(fields):
+        got = type(out).__name__
+        if isinstance(out, (tuple, list)):
+            got += f" of length {len(out)}"
+        raise TypeError(f"out: expected {what} ({names}) of preallocated tensors or None "
+                        f"fields, got {got}")
+    res = []
+    for (name, shape, dtype), t in zip(fields, out, strict=True):
+        if shape is None:
+            if t is not None:
+                raise ValueError(f"out.{name}: expected None ({dtype}), got a tensor of "
+                                 f"shape {tuple(t.shape)}")
+        elif t is None:
+            t = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            C.check_out(f"out.{name}", t, shape, dtype, device)
+        res.append(t)
+    return res
+
+
+def _row_source(name, t, R, device, dtypes):
+    """The first R rows of a [>= R, W] tensor gathered by `row_indices` (contiguous
+    rows, any row stride), or None."""
+    if t is None:
+        return None
+    C.check_tensor(name, t, dtypes=dtypes, ndim=2, device=device)
+    if t.shape[0] < R:
+        raise ValueError(f"{name}: expected at least {R} rows (one per logits row), got "
+                         f"shape {tuple(t.shape)}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name}: expected the last dim to be contiguous (stride 1), got "
+                         f"strides {t.stride()}")
+    return t[:R]
 
 
 def target_verify_topk1_is_supported(next_token_logits, candidates, retrieve_index,
@@ -155,8 +192,6 @@ def target_verify_topk1_is_supported(next_token_logits, candidates, retrieve_ind
     try:
         _check_verify_args(next_token_logits, candidates, retrieve_index,
                            retrieve_next_token, seq_lens)
-        C.check_runnable("next_token_logits", next_token_logits)
-        C.check_logits_rows("next_token_logits", next_token_logits)
     except (TypeError, ValueError, RuntimeError):
         return False
     return True
@@ -169,87 +204,93 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
                                     retrieve_next_token: torch.Tensor,
                                     seq_lens: torch.Tensor, *,
                                     num_simulated_accept_tokens: int = 0,
-                                    use_real_draft_tokens: bool = False
+                                    use_real_draft_tokens: bool = False,
+                                    out=None, config: dict | None = None
                                     ) -> TargetVerifyTopk1Output:
-    """Greedy top-1 verification of B chains of N = K+1 tokens (see the module doc)."""
-    from .. import chain_verify
-
+    """Greedy top-1 verification of B chains of N = K+1 tokens, in one launch (see the
+    module doc). out: a TargetVerifyTopk1Output (or 8-tuple) of preallocated fields."""
     if num_simulated_accept_tokens or use_real_draft_tokens:
         raise NotImplementedError(
             "num_simulated_accept_tokens/use_real_draft_tokens: SGLang's simulated "
             "acceptance is not modelled by recipes.compat.sglang; got "
             f"num_simulated_accept_tokens={num_simulated_accept_tokens!r}, "
             f"use_real_draft_tokens={use_real_draft_tokens!r}")
-    B, N = _check_verify_args(next_token_logits, candidates, retrieve_index,
-                              retrieve_next_token, seq_lens)
-    r = chain_verify(next_token_logits, candidates[:, 1:])
+    B, N, stride_b, stride_j = _check_verify_args(
+        next_token_logits, candidates, retrieve_index, retrieve_next_token, seq_lens)
     dev = candidates.device
-    out = TargetVerifyTopk1Output(
-        predict=torch.empty((B * N,), dtype=torch.int32, device=dev),
-        num_correct_drafts=r.accept_len,
-        accept_lens=torch.empty((B,), dtype=torch.int32, device=dev),
-        accept_index=torch.empty((B, N), dtype=torch.int32, device=dev),
-        bonus_tokens=r.bonus,
-        new_seq_lens=torch.empty((B,), dtype=seq_lens.dtype, device=dev),
-        select_index=r.select_index,
-        draft_tokens=torch.empty((B * N,), dtype=torch.int64, device=dev))
+    i32, i64 = torch.int32, torch.int64
+    res = TargetVerifyTopk1Output(*_outputs(out, (
+        ("predict", (B * N,), i32), ("num_correct_drafts", (B,), i32),
+        ("accept_lens", (B,), i32), ("accept_index", (B, N), i32),
+        ("bonus_tokens", (B,), i32), ("new_seq_lens", (B,), seq_lens.dtype),
+        ("select_index", (B,), i64), ("draft_tokens", (B * N,), i64)),
+        dev, "a TargetVerifyTopk1Output"))
     if B == 0:
-        return out
-    block = _layout_block(B)
-    _layout_kernel[(C.cdiv(B, block),)](
-        r.tokens, r.accept_len, seq_lens, out.predict, out.draft_tokens, out.accept_index,
-        out.accept_lens, out.new_seq_lens, B, N, seq_lens.stride(0),
-        BLOCK_B=block, NP=max(2, C.next_pow2(N)), num_warps=1 if block * N <= 256 else 4)
-    return out
+        return res
+    K, V = N - 1, next_token_logits.shape[-1]
+    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev)
+    launch_verify(next_token_logits, candidates[:, 1:],
+                  VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
+                               res.select_index),
+                  cfg, B, K, V, stride_b, stride_j,
+                  sglang=(seq_lens, res.draft_tokens, res.accept_index, res.accept_lens,
+                          res.new_seq_lens))
+    return res
 
 
 def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Tensor,
                             draft_tokens: torch.Tensor | None = None,
-                            draft_token_column: int = 0):
+                            draft_token_column: int = 0, *, out=None,
+                            config: dict | None = None):
     """Argmax of each draft row; `positions += 1`; optionally
     `draft_tokens[:, draft_token_column] = argmax`. Returns (topk_p float32 [B, 1] of
-    ones, topk_index int64 [B, 1])."""
-    from .. import draft_tail
-
-    r = draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
-                   column=draft_token_column)
-    return r.probs.unsqueeze(1), r.tokens.unsqueeze(1)
+    ones, topk_index int64 [B, 1]); out: that pair, preallocated."""
+    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
+    B = next_token_logits.shape[0]
+    p, idx = _outputs(out, (("topk_p", (B, 1), torch.float32),
+                            ("topk_index", (B, 1), torch.int64)),
+                      next_token_logits.device, "a (topk_p, topk_index) pair")
+    draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
+               column=draft_token_column, out=DraftTail(idx.view(-1), p.view(-1), None),
+               config=config)
+    return p, idx
 
 
 def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
                                    row_indices: torch.Tensor,
                                    hidden_states: torch.Tensor | None = None,
-                                   dsa_topk_indices: torch.Tensor | None = None):
+                                   dsa_topk_indices: torch.Tensor | None = None, *,
+                                   out=None, config: dict | None = None):
     """Argmax of the selected rows `next_token_logits[row_indices]` (read in place) and the
-    matching rows of `hidden_states` and `dsa_topk_indices`. Returns (topk_p [B, 1],
-    topk_index [B, 1], selected hidden [B, H] or None, selected dsa [B, D] or None)."""
-    from .. import draft_tail, relay_gather
-
-    C.check_tensor("row_indices", row_indices, dtypes=C.INDEX_DTYPES, ndim=1)
-    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
-    R = next_token_logits.shape[0]
-    hidden = hidden_states
-    if hidden is not None:
-        C.check_tensor("hidden_states", hidden, ndim=2)
-        if hidden.shape[0] < R:
-            raise ValueError(f"hidden_states: expected at least {R} rows (one per logits "
-                             f"row), got shape {tuple(hidden.shape)}")
-        hidden = hidden[:R]
-    r = draft_tail(next_token_logits, rows=row_indices, hidden=hidden)
-    dsa = None
-    if dsa_topk_indices is not None:
-        C.check_tensor("dsa_topk_indices", dsa_topk_indices, ndim=2,
-                       device=row_indices.device)
-        if dsa_topk_indices.shape[0] < R:
-            raise ValueError(f"dsa_topk_indices: expected at least {R} rows (one per logits "
-                             f"row), got shape {tuple(dsa_topk_indices.shape)}")
-        B = row_indices.shape[0]
-        dsa = torch.empty((B, dsa_topk_indices.shape[1]), dtype=dsa_topk_indices.dtype,
-                          device=row_indices.device)
-        # only the first R rows are addressable, as for hidden_states: an index outside
-        # [0, R) gathers zeros (relay_gather's rule), never a row past the logits
-        relay_gather(row_indices, [(dsa_topk_indices[:R], dsa)])
-    return r.probs.unsqueeze(1), r.tokens.unsqueeze(1), r.hidden, dsa
+    matching rows of `hidden_states` and `dsa_topk_indices`, in one launch. Returns
+    (topk_p [B, 1], topk_index [B, 1], selected hidden [B, H] or None, selected dsa
+    [B, D] or None); out: that 4-tuple, preallocated (None where the input is None)."""
+    x = next_token_logits
+    C.check_tensor("next_token_logits", x, dtypes=C.FLOAT_DTYPES, ndim=2)
+    dev = x.device
+    C.check_runnable("next_token_logits", x)
+    C.check_logits_rows("next_token_logits", x)
+    C.check_tensor("row_indices", row_indices, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
+    (R, V), B = x.shape, row_indices.shape[0]
+    if B > 0 and R == 0:
+        raise ValueError(f"next_token_logits: expected at least one row to select {B} rows "
+                         f"from, got shape {tuple(x.shape)}")
+    hidden = _row_source("hidden_states", hidden_states, R, dev, C.FLOAT_DTYPES)
+    dsa = _row_source("dsa_topk_indices", dsa_topk_indices, R, dev, FIELD_DTYPES)
+    side = [(name, None, f"{name} is None") if t is None else
+            (name, (B, t.shape[1]), t.dtype)
+            for name, t in (("hidden_states", hidden), ("dsa_topk_indices", dsa))]
+    p, idx, h_out, d_out = _outputs(out, [("topk_p", (B, 1), torch.float32),
+                                          ("topk_index", (B, 1), torch.int64), *side],
+                                    dev, "a (topk_p, topk_index, hidden_states, "
+                                    "dsa_topk_indices) tuple")
+    if B == 0:
+        return p, idx, h_out, d_out
+    H = 0 if hidden is None else hidden.shape[1]
+    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev)
+    launch_draft_tail(x, row_indices, hidden, None, None, None, 0, idx.view(-1), p.view(-1),
+                      h_out, cfg, gather=None if dsa is None else (dsa, d_out))
+    return p, idx, h_out, d_out
 
 
 __all__ = ["TargetVerifyTopk1Output", "target_verify_topk1_postprocess",

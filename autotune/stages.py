@@ -1,0 +1,406 @@
+"""Stage pricing of the small-batch verify path: where the microseconds of chain_verify's
+one launch go at B <= 16, and what the SGLang adapter adds on top.
+
+    python -m autotune.stages --out results/h200/stages.md     (about 2 minutes on an H200)
+    python -m autotune.stages --check      (stage outputs only; on the CPU under
+                                            TRITON_INTERPRET=1)
+
+Regime: every call runs behind a plain one-element torch op (`tick.add_(1)`) in a CUDA
+graph, as a step graph runs the verify behind the op before it, and its price is
+time(op + call) - time(op): medians of graph replays (`timing.time_graph`: warm-up,
+replays behind a GPU sleep), over input sets rotated as the benchmarks rotate them
+(`timing.rotation`). Every price is measured twice (two passes over everything, so that
+drift shows too); the report gives both, and the table printed last their mean and the
+largest gap between the two passes.
+
+Stages, each on the same grid as the config's chain_verify launch (B*N*SPLIT programs,
+SPLIT after `split_plan`'s clamp), each a superset of the one before:
+    empty         an empty Triton kernel (launch and graph node; also with 1 program)
+    read          every program reads its chunk of the logits rows (a float sum, no
+                  argmax) and stores one float
+    split         the split argmax of `_argmax_core` (`chunk_argmax_packed`): every chunk
+                  stores its packed max; no arrival counter, no finish
+    split+finish  plus the per-request arrival counter (`publish_packed`) and the last
+                  program's finish: the N slots read back to rest, N indices written
+    chain_verify  the recipe (out= given), i.e. plus the drafts and the accept logic
+    adapter       recipes.compat.sglang.target_verify_topk1_postprocess (out= given):
+                  the same launch with the SGLang layout written by the finish
+    torch.argmax  torch.argmax over the B*N rows (out= given), once per shape
+The read, split and split+finish kernels are this script's own experiments, each pricing
+a stage; every stage's outputs are checked against torch before anything is timed.
+
+Configs, per shape: the tuned table's entry for the exact key (read from the table file
+and passed explicitly, whether or not dispatch would use that table now), the heuristic's,
+and the heuristic's tiles with SPLIT set for 32 to 512 programs (where the space reaches).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from autotune.timing import rotation, time_graph
+from recipes import _common as C
+from recipes import tables
+from recipes._argmax_core import (
+    PACKED_EMPTY,
+    SPLIT_SPACE,
+    chunk_argmax_packed,
+    publish_packed,
+    split_plan,
+    unpack_index,
+)
+from recipes.compat import sglang as S
+
+CV = importlib.import_module("recipes.chain_verify")
+STAGES = ("empty", "read", "split", "split+finish", "chain_verify", "adapter")
+PROGRAM_TARGETS = (32, 64, 128, 256, 512)
+
+
+# --- the stage kernels ---------------------------------------------------------------------
+@triton.jit
+def _empty_kernel(x_ptr, PDL: tl.constexpr):
+    C.pdl_enter(PDL)
+
+
+@triton.jit
+def _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split, tiles_per,
+              BLOCK_V: tl.constexpr):
+    """(b, row b*N + j, lo, hi, row pointer) of program pid, as chain_verify cuts them."""
+    per_req = N * n_split
+    b = pid // per_req
+    rem = pid - b * per_req
+    j = rem // n_split
+    lo = (rem - j * n_split) * tiles_per * BLOCK_V
+    hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+    row_ptr = x_ptr + b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_j
+    return b, b.to(tl.int64) * N + j, lo, hi, row_ptr
+
+
+READ, SPLIT, FINISH = 0, 1, 2          # the stages of `_stage_kernel`
+
+
+@triton.jit
+def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_split,
+                  tiles_per, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, NP: tl.constexpr,
+                  STAGE: tl.constexpr, PDL: tl.constexpr):
+    """READ: a float sum of the chunk, stored per program (out float32 [programs]);
+    SPLIT: the chunk's packed argmax, stored per program (out int64 [programs]);
+    FINISH: published to its row's slot, and the request's last program writes the N
+    indices (out int32 [B*N]) and puts slots and counter back to rest."""
+    C.pdl_enter(PDL)
+    pid = tl.program_id(0)
+    b, row, lo, hi, row_ptr = _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split,
+                                        tiles_per, BLOCK_V)
+    if STAGE == 0:                      # READ
+        lanes = tl.arange(0, BLOCK_V)
+        acc = tl.zeros([BLOCK_V], tl.float32)
+        for t in range(0, tiles_per, UNROLL):
+            for u in tl.static_range(UNROLL):
+                o = lo + (t + u) * BLOCK_V + lanes
+                acc += tl.load(row_ptr + o, mask=o < hi, other=0.0).to(tl.float32)
+        C.pdl_release(PDL)
+        tl.store(out_ptr + pid, tl.sum(acc, 0))
+    else:
+        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+        C.pdl_release(PDL)
+        if STAGE == 1:                  # SPLIT (else FINISH)
+            tl.store(out_ptr + pid, packed)
+        else:
+            arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
+            if arrived == N * n_split - 1:
+                jj = tl.arange(0, NP)
+                rows = b.to(tl.int64) * N + jj
+                got = tl.atomic_xchg(acc_ptr + rows, tl.full([NP], PACKED_EMPTY, tl.int64),
+                                     sem="relaxed", mask=jj < N)
+                tl.store(out_ptr + rows, unpack_index(got), mask=jj < N)
+                tl.store(cnt_ptr + b, 0)
+
+
+# --- one shape's inputs and calls ------------------------------------------------------------
+class Shape:
+    """Input sets of one (B, N, V, dtype) and the calls of every stage on them."""
+
+    def __init__(self, B, N, V, dtype, device, sets=None):
+        self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
+        self.key = CV.tune_key(dtype, V, B, N - 1)
+        if sets is None:
+            sets = rotation(B * N * V * dtype.itemsize, device)
+        rows = B * N
+        most = rows * max(SPLIT_SPACE["SPLIT"])           # programs of the largest grid
+        self.tick = torch.zeros(1, device=device)
+        self.ridx = torch.arange(rows, device=device).view(B, N)
+        self.rnext = (torch.arange(1, N + 1, device=device).repeat(B, 1)
+                      .masked_fill_(torch.arange(N, device=device) == N - 1, -1))
+        self.seq = torch.arange(100, 100 + B, device=device)
+        self.tokens = torch.empty(rows, dtype=torch.int32, device=device)
+        self.sums = torch.empty(most, dtype=torch.float32, device=device)
+        self.slots = torch.empty(most, dtype=torch.int64, device=device)
+        self.amax = torch.empty(rows, dtype=torch.int64, device=device)
+        self.states = []
+        for i in range(sets):
+            x, d, _ = CV.make_inputs(self.key, device, seed=i)
+            t = torch.argmax(x, dim=-1).view(B, N)
+            self.states.append({"x": x, "d": d, "cand": torch.cat([t[:, :1], d], dim=1)})
+        s0 = self.states[0]
+        self.vout = CV.VerifyResult(*[torch.empty_like(t) for t in CV.reference(s0["x"],
+                                                                             s0["d"])])
+        self.aout = S.target_verify_topk1_postprocess(
+            s0["x"], s0["cand"], self.ridx, self.rnext, self.seq,
+            config=CV.heuristic(self.key, device))
+
+    def label(self) -> str:
+        return f"B={self.B} N={self.N} V={self.V} {str(self.dtype).replace('torch.', '')}"
+
+    def plan(self, cfg):
+        """(programs, SPLIT after the clamp, tiles per program, PDL mode) of a config."""
+        split, tiles_per = split_plan(self.V, cfg["BLOCK_V"], cfg["SPLIT"])
+        grid = self.B * self.N * split
+        return grid, split, tiles_per, C.pdl(self.device, grid)
+
+    def calls(self, cfg) -> dict:
+        """Stage name -> call(state) for one config."""
+        grid, split, tiles_per, pdl = self.plan(cfg)
+        N, V = self.N, self.V
+        kw = dict(num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl > 0)
+        tile = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl)
+
+        def stage(which, out):
+            def call(s):
+                x = s["x"]
+                acc, cnt = C.WORKSPACE.get(self.device, self.B * N, self.B)
+                _stage_kernel[(grid,)](x, out, acc, cnt, V, N, N * x.stride(0), x.stride(0),
+                                       split, tiles_per, **tile, NP=C.next_pow2(N),
+                                       STAGE=which, **kw)
+            return call
+
+        return {
+            "empty": lambda s: _empty_kernel[(grid,)](s["x"], PDL=pdl, **kw),
+            "read": stage(READ, self.sums),
+            "split": stage(SPLIT, self.slots),
+            "split+finish": stage(FINISH, self.tokens),
+            "chain_verify": lambda s: CV.chain_verify(s["x"], s["d"], out=self.vout,
+                                                      config=cfg),
+            "adapter": lambda s: S.target_verify_topk1_postprocess(
+                s["x"], s["cand"], self.ridx, self.rnext, self.seq, out=self.aout,
+                config=cfg),
+        }
+
+    def per_shape_calls(self) -> dict:
+        pdl = C.pdl(self.device, 1)
+        return {
+            "empty (1 program)": lambda s: _empty_kernel[(1,)](s["x"], PDL=pdl, num_warps=4,
+                                                                launch_pdl=pdl > 0),
+            "torch.argmax": lambda s: torch.argmax(s["x"], dim=-1, out=self.amax),
+        }
+
+    def check(self, cfg) -> None:
+        """Every stage computes what it claims on the first input set (raises if not)."""
+        s = self.states[0]
+        grid, split, _, _ = self.plan(cfg)
+        calls = self.calls(cfg)
+        x = s["x"].float()
+        want = torch.argmax(x, dim=-1)
+        calls["read"](s)
+        sums = self.sums[:grid].view(-1, split).sum(dim=1)
+        if not torch.allclose(sums, x.sum(dim=-1), rtol=1e-3, atol=1e-2):
+            raise AssertionError(f"read stage: row sums differ at {cfg}")
+        calls["split"](s)
+        packed = self.slots[:grid].view(-1, split).max(dim=1).values
+        if not torch.equal(0x7FFFFFFF - (packed & 0xFFFFFFFF), want):
+            raise AssertionError(f"split stage: argmax differs at {cfg}")
+        calls["split+finish"](s)
+        if not torch.equal(self.tokens.long(), want):
+            raise AssertionError(f"split+finish stage: argmax differs at {cfg}")
+        ref = CV.reference(s["x"], s["d"])
+        calls["chain_verify"](s)
+        calls["adapter"](s)
+        if not all(torch.equal(a, b) for a, b in zip(self.vout, ref, strict=True)):
+            raise AssertionError(f"chain_verify differs from its reference at {cfg}")
+        a = self.aout
+        if not (torch.equal(a.predict, ref.tokens.clamp(min=0).flatten())
+                and torch.equal(a.num_correct_drafts, ref.accept_len)
+                and torch.equal(a.bonus_tokens, ref.bonus)
+                and torch.equal(a.select_index, ref.select_index)):
+            raise AssertionError(f"the adapter differs from chain_verify at {cfg}")
+        acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N, self.B)
+        if not (bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all())):
+            raise AssertionError(f"the workspace is not at rest after {cfg}")
+
+
+def configs_for(shape: Shape) -> list[tuple[str, dict]]:
+    """(label, config): the tuned entry of the exact key, the heuristic's, and the
+    heuristic's tiles at SPLIT values for 32..512 programs (duplicate grids dropped)."""
+    out = []
+    path = tables.find_table(tables.gpu_slug(shape.device), CV.NAME)
+    if path is not None:
+        for e in tables.load_table(path)["entries"]:
+            if e["key"] == shape.key:
+                out.append(("tuned", {**CV.heuristic(shape.key, shape.device), **e["config"]}))
+    heur = CV.heuristic(shape.key, shape.device)
+    out.append(("heuristic", heur))
+    rows = shape.B * shape.N
+    for target in PROGRAM_TARGETS:
+        split = 1 << max(0, (target // rows).bit_length() - 1)   # a power of two
+        if split in SPLIT_SPACE["SPLIT"]:
+            out.append((f"SPLIT={split}", {**heur, "SPLIT": split}))
+    seen, kept = set(), []
+    for label, cfg in out:           # one per launch: SPLITs that clamp alike are one
+        sig = (shape.plan(cfg)[:3], tuple(sorted((k, v) for k, v in cfg.items()
+                                                 if k != "SPLIT")))
+        if sig not in seen:
+            seen.add(sig)
+            kept.append((label, cfg))
+    return kept
+
+
+def cfg_str(cfg: dict) -> str:
+    return f"{cfg['BLOCK_V']}/{cfg['SPLIT']}/{cfg['num_warps']}w/u{cfg['UNROLL']}"
+
+
+# --- timing ------------------------------------------------------------------------------
+def behind_op(shape: Shape, fn, reps: int) -> float:
+    """Median us of one (op + fn) per call in a CUDA graph (fn None: the op alone)."""
+    def body(s):
+        shape.tick.add_(1)
+        if fn is not None:
+            fn(s)
+    return time_graph(body, shape.states, reps=reps, device=shape.device).p50
+
+
+def measure(shapes, reps: int, log=print) -> dict:
+    """{shape label: {"op": [us, us], "per_shape": {stage: [us, us]}, "configs":
+    [(label, cfg, programs, {stage: [us, us]})]}}: prices (op already subtracted), one
+    per pass."""
+    res = {}
+    for shape in shapes:
+        cfgs = configs_for(shape)
+        for _, cfg in cfgs:        # (also compiles every kernel before any timing)
+            shape.check(cfg)
+        res[shape.label()] = {"op": [], "per_shape": {}, "configs": [
+            (label, cfg, shape.plan(cfg)[0], {st: [] for st in STAGES})
+            for label, cfg in cfgs]}
+    for rep in range(2):
+        for shape in shapes:
+            r = res[shape.label()]
+            t0 = time.perf_counter()
+            op = behind_op(shape, None, reps)
+            r["op"].append(op)
+            for name, fn in shape.per_shape_calls().items():
+                r["per_shape"].setdefault(name, []).append(behind_op(shape, fn, reps) - op)
+            for _, cfg, _, prices in r["configs"]:
+                for name, fn in shape.calls(cfg).items():
+                    prices[name].append(behind_op(shape, fn, reps) - op)
+            log(f"pass {rep + 1}: {shape.label()} in {time.perf_counter() - t0:.1f} s "
+                f"(op alone {op:.2f} us)")
+    return res
+
+
+# --- report ------------------------------------------------------------------------------
+def _two(v) -> str:
+    return " / ".join(f"{x:.2f}" for x in v)
+
+
+def render_md(res: dict, header: list[str]) -> str:
+    about = __doc__.split("\n\n")[2:]
+    lines = ["# Stage pricing of chain_verify at small batches", "", *header, "",
+             about[0].replace("\n", " "), "", "```", *about[1].splitlines(), "```", "",
+             about[2].replace("\n", " "), "",
+             "Prices in microseconds, time(op + call) - time(op), pass 1 / pass 2. Config: "
+             "BLOCK_V/SPLIT/num_warps/UNROLL (SPLIT as asked; programs after the clamp).", ""]
+    for label, r in res.items():
+        lines += [f"## {label}", "", f"op alone: {_two(r['op'])} us; "
+                  + "; ".join(f"{k}: {_two(v)} us" for k, v in r["per_shape"].items()), ""]
+        lines.append("| config | | programs | " + " | ".join(STAGES) + " |")
+        lines.append("|---|---|---:|" + "---:|" * len(STAGES))
+        for name, cfg, progs, prices in r["configs"]:
+            lines.append(f"| {name} | {cfg_str(cfg)} | {progs} | "
+                         + " | ".join(_two(prices[s]) for s in STAGES) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def short_table(res: dict) -> str:
+    """One line per (shape, config): the mean of the two passes per stage; the noise
+    line gives the largest gap between passes."""
+    cols = ("empty", "read", "split", "split+finish", "chain_verify", "adapter")
+    heads = ("empty", "read", "split", "+finish", "verify", "adapter")
+    out = []
+    gap = 0.0
+    for label, r in res.items():
+        ps = "  ".join(f"{k} {sum(v) / 2:.2f}" for k, v in r["per_shape"].items())
+        out.append(f"{label}: op {sum(r['op']) / 2:.2f} us; {ps}")
+        out.append(f"  {'config':<24}{'progs':>6}" + "".join(f"{h:>9}" for h in heads))
+        for name, cfg, progs, prices in r["configs"]:
+            out.append(f"  {name[:10]:<10} {cfg_str(cfg):<13}{progs:>6}"
+                       + "".join(f"{sum(prices[c]) / 2:>9.2f}" for c in cols))
+            gap = max([gap] + [abs(prices[c][0] - prices[c][1]) for c in cols])
+        for v in r["per_shape"].values():
+            gap = max(gap, abs(v[0] - v[1]))
+    out.append(f"(us behind a one-element torch op, mean of 2 passes; largest gap between "
+               f"passes {gap:.2f} us)")
+    return "\n".join(out)
+
+
+def _parse_shape(text: str):
+    try:
+        b, n = (int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shape: expected BxN (e.g. 1x4), got {text!r}") from None
+    return b, n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autotune.stages", description=__doc__.split(
+        "\n\n")[0])
+    p.add_argument("--out", default=None, help="markdown report (e.g. results/h200/stages.md)")
+    p.add_argument("--shape", action="append", type=_parse_shape, default=[],
+                   metavar="BxN", help="batch x tokens per request (default: 1x4 and 8x4)")
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--reps", type=int, default=40, help="graph replays per median")
+    p.add_argument("--check", action="store_true",
+                   help="only check every stage's outputs (small shapes; runs under the "
+                        "Triton interpreter too)")
+    a = p.parse_args(argv)
+    dtype = getattr(torch, a.dtype)
+    if a.check:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        for B, N, V in ((1, 4, 5000), (3, 2, 3000)):
+            shape = Shape(B, N, V, dtype, dev, sets=1)
+            for label, cfg in configs_for(shape):
+                shape.check(cfg)
+                print(f"ok: {shape.label()} {label} {cfg_str(cfg)}")
+        return 0
+    if not torch.cuda.is_available():
+        print("autotune.stages: timing needs a CUDA GPU (use --check on the CPU)",
+              file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    t0 = time.perf_counter()
+    shapes = [Shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or [(1, 4), (8, 4)])]
+    res = measure(shapes, a.reps)
+    header = [f"GPU: {torch.cuda.get_device_name(dev)}; torch {torch.__version__}, triton "
+              f"{triton.__version__}, Python {platform.python_version()}; "
+              f"{datetime.datetime.now().isoformat(timespec='seconds')}; "
+              f"{time.perf_counter() - t0:.0f} s",
+              f"Command: `python -m autotune.stages {' '.join(argv or sys.argv[1:])}`"]
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(render_md(res, header))
+        print(f"wrote {a.out}")
+    print(short_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
