@@ -231,8 +231,9 @@ class _Workspace:
     must not run concurrently on different streams.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "the split-reduction scratch") -> None:
         self._bufs: dict = {}     # (type, index) -> (acc, cnt, acc slots, cnt slots)
+        self._what = what
 
     def get(self, device: torch.device, rows: int, groups: int):
         key = (device.type, device.index)
@@ -242,7 +243,7 @@ class _Workspace:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             have = f"{got[2]} row slots and {got[3]} counters" if got else "nothing"
             raise RuntimeError(
-                f"workspace: the split-reduction scratch on {device} holds {have}; this "
+                f"workspace: {self._what} on {device} holds {have}; this "
                 f"call needs {rows} row slots and {groups} counters, and it cannot grow "
                 "inside a CUDA graph capture: call the recipe once outside the graph at "
                 "the largest batch first (a warm-up)")
@@ -280,6 +281,9 @@ def _side_stream(device: torch.device):
 
 
 WORKSPACE = _Workspace()
+# recipes.tp's packed keys between a rank's scan, the all-reduce and the finish (`acc`
+# only): rows with no resting value, since every call writes the rows it then reads.
+KEYS = _Workspace("the vocabulary-parallel key buffer")
 
 
 def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict:

@@ -49,6 +49,13 @@ Two ways to scan a chunk of a row, same answer (`sampled_chunk_packed`):
   (2^-100, 2^100) (from the start). A chunk whose upper bounds are all -inf is checked to
   be all -inf logits (then every score is -inf: answer (-inf, lo)) before falling back.
 
+Ids and offsets are the same numbers here: row_ptr + v holds the logit of id v, and a
+chunk's `lo` is a multiple of 4 (one Philox call covers ids 4g .. 4g+3). A vocabulary
+shard whose first id s is not a multiple of 4 (`recipes.tp`) passes a row pointer shifted
+by -s, `lo` rounded down to a multiple of 4 and `live_lo = s`: ids below live_lo are
+masked like ids past hi (never loaded, scored -inf). Without live_lo (None) that mask is
+not compiled in.
+
 What each way costs per id, and the floor that sets: docs/performance.md, section "The
 filtered Gumbel scan".
 """
@@ -200,6 +207,15 @@ else:
 
 # --- Triton: the stream and the exact score -----------------------------------------------
 @_helper
+def live_mask(ids, hi, live_lo):
+    """ids < hi, and ids >= live_lo unless live_lo is None (a constexpr: no compare)."""
+    live = ids < hi
+    if live_lo is not None:
+        live = live & (ids >= live_lo)
+    return live
+
+
+@_helper
 def philox(seed, c0, c1):
     """Philox4x32-10 with counter (c0, c1, 0, 0) (uint32 tensors/scalars) and key
     (lo32(seed), hi32(seed)): Triton's `philox_impl` round for round (bit-identical to
@@ -246,7 +262,8 @@ def exact_scores(x, T, bits):
 
 
 @_helper
-def _exact_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK: tl.constexpr):
+def _exact_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK: tl.constexpr,
+                        live_lo=None):
     """Argmax of the exact scores of ids [lo, hi) (n_tiles tiles of BLOCK) as one packed
     int64 (`pack`), in half tiles: the exact arithmetic needs more registers per id, and
     this scan shares a kernel with the filtered one (whose occupancy it would otherwise
@@ -259,7 +276,7 @@ def _exact_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK: tl.conste
     for t in range(0, 2 * n_tiles):
         base = lo + t * HB
         offs = base + lanes
-        live = offs < hi
+        live = live_mask(offs, hi, live_lo)
         x = tl.load(row_ptr + offs, mask=live, other=float("-inf")).to(tl.float32)
         s = exact_scores(x, T, philox_tile(seed, ctr, base // 4, G))
         best, best_tile = lane_update(tl.where(live, s, float("-inf")), t, best, best_tile)
@@ -293,7 +310,7 @@ def _bound(a, SIGN: tl.constexpr):
 
 @_helper
 def _exact_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, BLOCK: tl.constexpr,
-                       R: tl.constexpr):
+                       R: tl.constexpr, live_lo=None):
     """Packed argmax of the exact scores of the ids of one lane of a chunk:
     lo + t * BLOCK + lane for t < n_tiles (R of them at a time). Every id of a lane has
     the same Philox output index lane & 3 (BLOCK is a multiple of 4)."""
@@ -302,7 +319,7 @@ def _exact_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, BLOCK: tl.c
     for t0 in range(0, n_tiles, R):
         tt = t0 + tl.arange(0, R)
         ids = lo + tt * BLOCK + lane
-        live = (tt < n_tiles) & (ids < hi)
+        live = (tt < n_tiles) & live_mask(ids, hi, live_lo)
         x = tl.load(row_ptr + ids, mask=live, other=float("-inf")).to(tl.float32)
         r0, r1, r2, r3 = philox(seed, (ids // 4).to(tl.uint32), ctr)
         r = tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
@@ -313,7 +330,8 @@ def _exact_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, BLOCK: tl.c
 
 @_helper
 def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr,
-                  MAXC: tl.constexpr, R: tl.constexpr, PREFETCH: tl.constexpr = False):
+                  MAXC: tl.constexpr, R: tl.constexpr, PREFETCH: tl.constexpr = False,
+                  live_lo=None):
     """(packed answer, ok): the filtered scan of ids [lo, hi); ok = 0 means "rescan
     exactly" (the packed value is then meaningless).
 
@@ -328,17 +346,20 @@ def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr
     lanes = tile_lanes(G)
     b1 = tl.full([G, 4], float("-inf"), tl.float32)
     if PREFETCH:
-        xn = tl.load(row_ptr + lo + lanes, mask=lo + lanes < hi, other=float("-inf"))
+        xn = tl.load(row_ptr + lo + lanes, mask=live_mask(lo + lanes, hi, live_lo),
+                     other=float("-inf"))
     for t in range(0, n_tiles):
         base = lo + t * BLOCK
         if PREFETCH:
             # the next tile's loads go out before this tile's arithmetic
             x = xn.to(tl.float32)
             offs = base + BLOCK + lanes
-            xn = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf"))
+            xn = tl.load(row_ptr + offs, mask=live_mask(offs, hi, live_lo),
+                         other=float("-inf"))
         else:
             offs = base + lanes
-            x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+            x = tl.load(row_ptr + offs, mask=live_mask(offs, hi, live_lo),
+                        other=float("-inf")).to(tl.float32)
         a = x * c - approx_log2_w(philox_tile(seed, ctr, base // 4, G))
         b1 = tl.maximum(b1, a, propagate_nan=tl.PropagateNan.ALL)
     b1 = tl.reshape(b1, [BLOCK])
@@ -350,7 +371,8 @@ def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr
     packed = tl.full([], PACKED_EMPTY, tl.int64)
     if good != 0:
         top = unpack_index(top_packed)
-        packed = _exact_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, BLOCK, R)
+        packed = _exact_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, BLOCK, R,
+                                    live_lo)
         A = unpack_value(packed)                        # an exact score: <= s*
         cand = (_bound(b1, 1.0) >= A) & (lanes != top)
         n = tl.sum(cand.to(tl.int32), 0)
@@ -361,11 +383,14 @@ def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr
                 lane = tl.min(cl, 0)
                 cl = tl.where(cl == lane, INT32_MAX, cl)
                 packed = tl.maximum(packed, _exact_lane_packed(row_ptr, lo, hi, n_tiles, lane,
-                                                               T, seed, ctr, BLOCK, R))
+                                                               T, seed, ctr, BLOCK, R, live_lo))
     elif bmax == float("-inf"):
         # every upper bound is -inf: if every logit is -inf (a masked chunk) every score
-        # is -inf and the answer is (-inf, lo), the plain argmax of the logits
-        px = chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK)
+        # is -inf and the answer is (-inf, first live id), the plain argmax of the logits
+        first = lo
+        if live_lo is not None:
+            first = tl.maximum(lo, live_lo)
+        px = chunk_argmax_packed(row_ptr, first, hi, n_tiles, BLOCK)
         if unpack_value(px) == float("-inf"):
             packed = px
             good = good + 1
@@ -375,19 +400,20 @@ def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr
 @_helper
 def sampled_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK: tl.constexpr,
                          EXACT: tl.constexpr, MAXC: tl.constexpr,
-                         PREFETCH: tl.constexpr = False):
+                         PREFETCH: tl.constexpr = False, live_lo=None):
     """Argmax over ids [lo, hi) of the sampled scores (temperature T > 0, Philox key
     `seed` (int64), counter `ctr` (uint32)) as one packed int64. EXACT=1: the exact scan
     only; EXACT=0: the filtered scan, falling back to the exact one. Same answer.
-    PREFETCH: the filtered scan loads tile t+1 before the arithmetic of tile t."""
+    PREFETCH: the filtered scan loads tile t+1 before the arithmetic of tile t.
+    live_lo: the first id of the chunk to score when it lies above lo (module doc)."""
     packed = tl.full([], PACKED_EMPTY, tl.int64)
     need = tl.full([], 1, tl.int32)
     if not EXACT:
         c = tl.math.div_rn(tl.full([], LOG2E, tl.float32), T)
         if (c > GATE_LO) & (c < GATE_HI):
             packed, ok = _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK, MAXC,
-                                       32, PREFETCH)
+                                       32, PREFETCH, live_lo)
             need = 1 - ok
     if need != 0:
-        packed = _exact_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK)
+        packed = _exact_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, BLOCK, live_lo)
     return packed

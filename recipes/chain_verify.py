@@ -135,6 +135,24 @@ def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None
 
 # --- kernels ---------------------------------------------------------------------------
 @triton.jit
+def write_accept(t, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr, b, K,
+                 KP1: tl.constexpr, FILL: tl.constexpr = -1):
+    """The accept logic of request b on its target tokens `t` (int32 [KP1], entries past
+    K unused) and drafts `d` (int64 [KP1]): write tokens (FILL after m), accept_len,
+    bonus and select_index; return m. A draft outside [0, V) never equals a target token
+    (compared in int64)."""
+    j = tl.arange(0, KP1)
+    row0 = b.to(tl.int64) * (K + 1)
+    miss = (j < K) & (d != t.to(tl.int64))
+    m = tl.min(tl.where(miss, j, K), 0)
+    tl.store(tokens_ptr + row0 + j, tl.where(j <= m, t, FILL), mask=j <= K)
+    tl.store(accept_ptr + b, m.to(tl.int32))
+    tl.store(bonus_ptr + b, tl.sum(tl.where(j == m, t, 0), 0).to(tl.int32))
+    tl.store(select_ptr + b, row0 + m)
+    return m
+
+
+@triton.jit
 def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
                      b, K, KP1: tl.constexpr, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr,
                      sg_seq_ptr, SGLANG: tl.constexpr):
@@ -148,23 +166,16 @@ def _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, sel
                             sem="relaxed",
                             mask=in_row)
     t = unpack_index(packed)
-    is_draft = j < K
-    miss = is_draft & (d != t.to(tl.int64))
-    m = tl.min(tl.where(miss, j, K), 0)
     if SGLANG:
+        m = write_accept(t, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr, b, K, KP1, 0)
         keep = j <= m
-        predict = tl.where(keep, t, 0)
-        tl.store(tokens_ptr + row0 + j, predict, mask=in_row)
-        tl.store(sg_draft_ptr + row0 + j, predict.to(tl.int64), mask=in_row)
+        tl.store(sg_draft_ptr + row0 + j, tl.where(keep, t, 0).to(tl.int64), mask=in_row)
         tl.store(sg_index_ptr + row0 + j, tl.where(keep, row0 + j, -1).to(tl.int32),
                  mask=in_row)
         tl.store(sg_lens_ptr + b, m + 1)
         tl.store(sg_seq_ptr + b, seq + (m + 1).to(seq.dtype))
     else:
-        tl.store(tokens_ptr + row0 + j, tl.where(j <= m, t, -1), mask=in_row)
-    tl.store(accept_ptr + b, m.to(tl.int32))
-    tl.store(bonus_ptr + b, tl.sum(tl.where(j == m, t, 0), 0).to(tl.int32))
-    tl.store(select_ptr + b, row0 + m)
+        write_accept(t, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr, b, K, KP1)
     tl.store(cnt_ptr + b, 0)
 
 
@@ -256,45 +267,60 @@ def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) 
 
 
 # --- launcher --------------------------------------------------------------------------
-def _validate(logits, draft_tokens, out):
+def validate(logits, draft_tokens, out, name="logits"):
+    """Host-side checks of the arguments (`name`: what the caller calls the logits);
+    returns (B, K, V, stride_b, stride_j, out), out allocated when None."""
     C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2)
     device = draft_tokens.device
-    C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3), device=device)
-    C.check_runnable("logits", logits)
-    C.check_logits_rows("logits", logits)
+    C.check_tensor(name, logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3), device=device)
+    C.check_runnable(name, logits)
+    C.check_logits_rows(name, logits)
     B, K = draft_tokens.shape
     V = logits.shape[-1]
     if logits.dim() == 2:
         if logits.shape[0] != B * (K + 1):
-            raise ValueError(f"logits: expected {B * (K + 1)} rows (B*(K+1) with B={B}, "
+            raise ValueError(f"{name}: expected {B * (K + 1)} rows (B*(K+1) with B={B}, "
                              f"K={K} from draft_tokens), got shape {tuple(logits.shape)}")
         stride_b, stride_j = (K + 1) * logits.stride(0), logits.stride(0)
     else:
         if tuple(logits.shape[:2]) != (B, K + 1):
-            raise ValueError(f"logits: expected shape ({B}, {K + 1}, V) from draft_tokens "
+            raise ValueError(f"{name}: expected shape ({B}, {K + 1}, V) from draft_tokens "
                              f"[B={B}, K={K}], got {tuple(logits.shape)}")
         stride_b, stride_j = logits.stride(0), logits.stride(1)
+    return B, K, V, stride_b, stride_j, validate_out(out, B, K, device)
+
+
+def validate_out(out, B: int, K: int, device: torch.device) -> VerifyResult:
+    """`out=`: a VerifyResult of buffers of the right shapes and dtypes on `device`, or
+    None (then allocated)."""
     if out is None:
-        out = VerifyResult(
+        return VerifyResult(
             torch.empty((B, K + 1), dtype=torch.int32, device=device),
             torch.empty((B,), dtype=torch.int32, device=device),
             torch.empty((B,), dtype=torch.int32, device=device),
             torch.empty((B,), dtype=torch.int64, device=device))
-    else:
-        if not isinstance(out, tuple) or len(out) != 4:
-            raise TypeError("out: expected a VerifyResult (tokens, accept_len, bonus, "
-                            f"select_index) of tensors, got {type(out).__name__}")
-        out = VerifyResult(*out)
-        C.check_out("out.tokens", out.tokens, (B, K + 1), torch.int32, device)
-        C.check_out("out.accept_len", out.accept_len, (B,), torch.int32, device)
-        C.check_out("out.bonus", out.bonus, (B,), torch.int32, device)
-        C.check_out("out.select_index", out.select_index, (B,), torch.int64, device)
-    return B, K, V, stride_b, stride_j, out
+    if not isinstance(out, tuple) or len(out) != 4:
+        raise TypeError("out: expected a VerifyResult (tokens, accept_len, bonus, "
+                        f"select_index) of tensors, got {type(out).__name__}")
+    out = VerifyResult(*out)
+    C.check_out("out.tokens", out.tokens, (B, K + 1), torch.int32, device)
+    C.check_out("out.accept_len", out.accept_len, (B,), torch.int32, device)
+    C.check_out("out.bonus", out.bonus, (B,), torch.int32, device)
+    C.check_out("out.select_index", out.select_index, (B,), torch.int64, device)
+    return out
 
 
-def _validate_sampling(temperature, seeds, positions, B, device):
+def validate_sampling(temperature, seeds, positions, B, device):
     """Per-request sampling inputs: temperature float [B], seeds and positions integer
-    [B], any stride, on the device of draft_tokens (values are not read)."""
+    [B], any stride, on the device of draft_tokens (values are not read). Returns
+    (temperature, seeds, positions), or None without temperature (seeds and positions
+    then must be None too: alone they have no meaning)."""
+    if temperature is None:
+        for name, t in (("seeds", seeds), ("positions", positions)):
+            if t is not None:
+                raise ValueError(f"{name}: only has a meaning together with temperature "
+                                 f"(sampled rows); got {name} without temperature")
+        return None
     C.check_tensor("temperature", temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
     if temperature.shape[0] != B:
         raise ValueError(f"temperature: expected shape ({B},) (one per request of "
@@ -308,6 +334,17 @@ def _validate_sampling(temperature, seeds, positions, B, device):
         if t.shape[0] != B:
             raise ValueError(f"{name}: expected shape ({B},) (one per request of "
                              f"draft_tokens), got {tuple(t.shape)}")
+    return temperature, seeds, positions
+
+
+def sampling_args(sampling, like):
+    """The kernel arguments of `validate_sampling`'s result: (temperature, seeds,
+    positions, their three strides); without sampling `like` three times (never read:
+    SAMPLED=False) and zero strides."""
+    if sampling is None:
+        return like, like, like, 0, 0, 0
+    temp, seeds, pos = sampling
+    return temp, seeds, pos, temp.stride(0), seeds.stride(0), pos.stride(0)
 
 
 def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
@@ -321,12 +358,7 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     [B] fields of `out` are num_correct_drafts, bonus_tokens and select_index."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     acc, cnt = C.WORKSPACE.get(logits.device, B * (K + 1), B)
-    if sampling is None:
-        temp = seeds = pos = logits            # never read (SAMPLED=False)
-        st = ss = sp = 0
-    else:
-        temp, seeds, pos = sampling
-        st, ss, sp = temp.stride(0), seeds.stride(0), pos.stride(0)
+    temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
     if sglang is None:
         seq = sg_draft = sg_index = sg_lens = sg_seq = logits     # never read (SGLANG=False)
         stride_seq = 0
@@ -355,11 +387,8 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatur
     With `temperature` (float [B]), requests with temperature > 0 sample their target
     tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
     the others stay greedy, in the same launch."""
-    B, K, V, stride_b, stride_j, out = _validate(logits, draft_tokens, out)
-    sampling = None
-    if temperature is not None:
-        _validate_sampling(temperature, seeds, positions, B, draft_tokens.device)
-        sampling = (temperature, seeds, positions)
+    B, K, V, stride_b, stride_j, out = validate(logits, draft_tokens, out)
+    sampling = validate_sampling(temperature, seeds, positions, B, draft_tokens.device)
     if B == 0:
         return out
     cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),
