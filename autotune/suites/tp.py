@@ -1,4 +1,5 @@
-"""Benchmark cases for `recipes.tp` on one GPU (case lists only: nothing here times).
+"""Benchmark of `recipes.tp` on one GPU: the per-rank launches at 1/TP of the vocabulary
+against single-GPU chain_verify on the whole of it.
 
 A vocabulary-parallel chain_verify is, on each rank: the scan of its 1/TP of the columns
 (`tp.local_keys`), an all-reduce of B*(K+1) int64 over the group, and the accept launch
@@ -6,23 +7,23 @@ A vocabulary-parallel chain_verify is, on each rank: the scan of its 1/TP of the
 without a collective; the link traffic is given as bytes instead, next to what gathering
 the logits would move.
 
-`tp_bench_cases(preset)` -> [dict(label, make, variants, bytes, link_bytes)]:
+Cases:
 
-* label: {"TP", "mode", "dtype", "B", "K", "V"};
+* label: {"TP", "mode", "dtype", "B", "K", "V", "gather_bytes", "keys_bytes"}, the last two
+  the link traffic per rank and step (below);
 * make(device, seed) -> state: the shard of rank 1 ([B, K+1, ceil(V/TP)] bf16, the last
   rank's padding not modelled: rank 1 is a full shard), the full logits [B*(K+1), V],
   drafts, sampling inputs (mode "sampled"), preallocated keys and outputs;
-* variants (state -> None, graph-capturable, nothing allocated):
-    "tp keys"           local_keys of the shard (the per-rank scan)
-    "tp keys + finish"  local_keys, then finish_verify on those keys (both launches of a
+* variants (graph-capturable, nothing allocated):
+    "ours"              local_keys, then finish_verify on those keys (both launches of a
                         rank, the collective left out)
+    "ours: keys only"   local_keys of the shard (the per-rank scan)
     "one GPU"           recipes.chain_verify on the full vocabulary (what a rank runs
                         after all-gathering the logits)
-* bytes: the fewest bytes "tp keys + finish" moves (the shard read once, keys, drafts and
-  outputs);
-* link_bytes: {"all_gather_logits": bytes a rank receives to assemble the full logits,
-  R*(V - V/TP)*2, "all_reduce_keys": bytes a rank sends in a ring all-reduce of the
-  keys, 2*(TP-1)/TP*R*8}, R = B*(K+1).
+* bytes: the fewest bytes "ours" moves (the shard read once, keys, drafts and outputs);
+* gather_bytes: what a rank receives to assemble the full logits, R*(V - V/TP)*2;
+  keys_bytes: what a rank sends in a ring all-reduce of the keys, 2*(TP-1)/TP*R*8,
+  R = B*(K+1).
 
 Presets: "full" TP in {2, 4, 8} x B in {1, 8, 64, 256} x K=3 x V in {151936, 262144} x
 mode in {greedy, sampled}, bf16; "quick" a handful; "smoke" tiny shapes (CPU-safe).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import torch
 
 import recipes
+from autotune.registry import BenchCase, BenchSuite, BenchVariant
 from recipes import tp
 
 DTYPE = torch.bfloat16
@@ -86,20 +88,31 @@ def _one_gpu(s):
     recipes.chain_verify(s["full"], s["d"], out=s["out_full"], **s["kw"])
 
 
-def tp_bench_cases(preset: str) -> list[dict]:
+def _cases(preset: str) -> list[BenchCase]:
     cases = []
     for TP, mode, B, K, V in _shapes(preset):
         R = B * (K + 1)
         width = -(-V // TP)
         es = DTYPE.itemsize
         sampling = B * 24 if mode == "sampled" else 0       # temperature, seed, position
-        cases.append({
-            "label": {"TP": TP, "mode": mode, "dtype": "bfloat16", "B": B, "K": K, "V": V},
-            "make": _make(TP, mode, B, K, V),
-            "variants": {"tp keys": _keys, "tp keys + finish": _keys_finish,
-                         "one GPU": _one_gpu},
-            "bytes": R * width * es + 2 * R * 8 + B * K * 8 + R * 4 + B * 16 + sampling,
-            "link_bytes": {"all_gather_logits": R * (V - width) * es,
-                           "all_reduce_keys": 2 * (TP - 1) * R * 8 // TP},
-        })
+        cases.append(BenchCase(
+            label={"TP": TP, "mode": mode, "dtype": "bfloat16", "B": B, "K": K, "V": V,
+                   "gather_bytes": R * (V - width) * es,
+                   "keys_bytes": 2 * (TP - 1) * R * 8 // TP},
+            make=_make(TP, mode, B, K, V),
+            variants={"ours": BenchVariant(_keys_finish), "ours: keys only": BenchVariant(_keys),
+                      "one GPU": BenchVariant(_one_gpu, peer=True)},
+            bytes=R * width * es + 2 * R * 8 + B * K * 8 + R * 4 + B * 16 + sampling))
     return cases
+
+
+SUITES = [
+    BenchSuite(
+        name="tp", cases=_cases, title="tp.chain_verify per rank (one GPU)",
+        notes="ours: a rank's two launches at 1/TP of the vocabulary (the scan into packed "
+              "keys, then the accept launch; the all-reduce of the keys is not on one GPU: "
+              "keys_bytes is what it sends per rank); ours: keys only: the scan alone; one "
+              "GPU: chain_verify on the whole vocabulary, what a rank runs after an "
+              "all-gather that receives gather_bytes. Bytes: the shard read once, keys, "
+              "drafts and outputs."),
+]
