@@ -15,13 +15,13 @@ else
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install test test-gpu tune tune-smoke quality bench targets lint clean
+.PHONY: install test test-gpu tune tune-smoke quality bench example-bench targets lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY_SYS) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH_CPU)" "$(TRITON)"
-	$(VENV)/bin/pip install -q -e ".[tune,dev]"
+	$(VENV)/bin/pip install -q -e ".[tune,dev,examples]"
 	touch $@
 
 install: $(SETUP)
@@ -56,13 +56,20 @@ BENCH_ARGS ?=
 bench: $(SETUP)
 	$(PY) -m autotune bench $(BENCH_ARGS)
 
+# The speculative decoding example (examples/spec_decode.py) on this GPU: recipes vs plain
+# torch in the same loop -> results/<gpu>/spec-decode.md; without a GPU, a tiny smoke run
+# (e.g. EXAMPLE_ARGS="--batch 1 4 --K 3"; `python examples/spec_decode.py -h` lists all)
+EXAMPLE_ARGS ?=
+example-bench: $(SETUP)
+	$(PY) examples/spec_decode.py --bench $(EXAMPLE_ARGS)
+
 # The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
 RESULTS ?= results/h200
 targets: $(SETUP)
 	$(PY) tools/targets.py $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md
 
 lint: $(SETUP)
-	$(PY) -m ruff check recipes autotune tests
+	$(PY) -m ruff check recipes autotune tests examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache
