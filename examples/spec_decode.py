@@ -30,15 +30,16 @@ A Hugging Face `DynamicCache` holds one range of columns for the whole batch, bu
 accept different numbers of drafts. So every request keeps, in the pool, `seq_len` (the
 number of its tokens the target cache holds, which is also the position of `x0`, its
 last committed token, not yet in the cache) and a table per model, `req_to_token[r, p]`
-= the cache column holding its token at position p. A step appends K+1 columns for every
-row; row b commits the first m_b + 1 of them (x0 and its m_b accepted drafts) and the
-other K - m_b columns become holes that no position points at any more. The caches are
-then cropped by K - max_b m_b columns (the holes that every row has); the holes of rows
-that accepted fewer stay. Each forward gets
+= the cache column holding its token at position p (after the prefill, right-padded to
+the longest prompt, column = position). A step appends K+1 columns for every row; row b
+commits the first m_b + 1 of them (x0 and its m_b accepted drafts) and the other K - m_b
+columns become holes that no position points at any more. The caches are then cropped
+by K - max_b m_b columns (the holes that every row has); the holes of rows that accepted
+fewer stay. Each forward gets
 
     position_ids   = the true positions (verify_metadata's positions, L_b + j)
     attention_mask = 1 on exactly the columns that the page table lists (req_to_token of
-                     positions 0 .. L_b + K), so holes and left padding are masked
+                     positions 0 .. L_b + K), so holes and padding are masked
 
 and Hugging Face adds causality by column (a verify token sees the columns before its
 own). Every query thus attends to exactly the keys of its own prefix, at their true
@@ -268,6 +269,11 @@ class Generation:
 
 # --- the loop ----------------------------------------------------------------------------
 class SpecDecoder:
+    """Top-1 chain speculative decoding: K drafts a step, verified by the target (two
+    Hugging Face Llama-style causal LMs of one vocabulary). ops: "recipes", or "torch"
+    for the same loop in plain torch. side_stream, cuda_graph: on CUDA. timing: CUDA
+    events around each step's phases."""
+
     def __init__(self, target, draft, K, *, ops="recipes", side_stream=True, cuda_graph=True,
                  timing=False):
         if K < 1:
@@ -319,17 +325,20 @@ class SpecDecoder:
     # -- the tail (one CUDA graph): verify, commit, relay
     def _tail(self, st, pool):
         ops = self.ops
-        logits = self.target.lm_head(st.h)
+        logits = self.target.lm_head(st.h)                   # [B*(K+1), V]
         kw = dict(temperature=st.temp, seeds=st.seeds, positions=st.seq_lens) \
             if st.sampled else {}
         res = ops.chain_verify(logits, st.vids[:, 1:], out=st.res, **kw)
         m = res.accept_len.long()
-        new_len = st.seq_lens + m + 1
+        new_len = st.seq_lens + m + 1   # x0 and the m accepted drafts are now cached
+        # the next x0 is the bonus; its predecessor is input m of this verify
         pair = torch.stack([st.vids.gather(1, m[:, None])[:, 0], res.bonus.long()], dim=1)
+        # the emitted tokens, at positions L+1 .. L+m+1 (the -1s after are overwritten
+        # by later steps before they count)
         pool.ids[st.idx[:, None], st.seq_lens[:, None] + 1 + st.j] = res.tokens.long()
         ops.relay_scatter(st.idx, [(new_len, pool.seq_len), (pair, pool.last)])
         self._lay_out(st, pool)
-        ops.copy_inputs([(st.report[0], m), (st.report[1], new_len)])
+        ops.copy_inputs([(st.report[0], m), (st.report[1], new_len)])   # for the host
 
     def _lay_out(self, st, pool):
         """The next step's inputs, in batch order, out of the pool."""
@@ -356,33 +365,35 @@ class SpecDecoder:
             self._tail(st, pool)
 
     def _prefill(self, st, pool, prompts, slots, temperature, seeds):
-        """The pool holds the prompts by position; the caches hold them left-padded to the
-        longest: the target all but x0 (the last prompt token), the draft all but x0 and
-        its predecessor (its first step feeds both). Returns the two caches."""
+        """The pool takes the prompts; the caches take them right-padded to the longest,
+        column = position: the target all but x0 (the last prompt token), the draft all
+        but x0 and its predecessor (its first step feeds both). Returns the caches."""
         dev, B = self.device, st.B
-        lens = [len(p) for p in prompts]
-        n_max = max(lens)
-        pad = torch.tensor([n_max - n for n in lens], device=dev)
-        cols = torch.arange(st.cap, device=dev)
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        n_max = max(len(p) for p in prompts)
         ids = torch.zeros(B, n_max, dtype=torch.int64, device=dev)
         for b, p in enumerate(prompts):
-            ids[b, n_max - len(p):] = torch.tensor(p)
-            pool.ids[slots[b], :len(p)] = torch.tensor(p)
-        pool.r2t[st.idx] = (pad[:, None] + cols).to(torch.int32)
+            ids[b, :len(p)] = torch.tensor(p)
+        pool.ids[st.idx, :n_max] = ids
+        pool.r2t[st.idx] = torch.arange(st.cap, dtype=torch.int32, device=dev)
         pool.r2d[st.idx] = pool.r2t[st.idx]
-        pool.seq_len[st.idx] = torch.tensor(lens, device=dev) - 1
-        pool.last[st.idx] = ids[:, -2:]
+        pool.seq_len[st.idx] = lens - 1
+        pool.last[st.idx] = torch.tensor([p[-2:] for p in prompts], device=dev)
         if temperature is not None:
             pool.temperature[st.idx] = torch.tensor(temperature, dtype=torch.float32,
                                                     device=dev)
             pool.seed[st.idx] = torch.tensor(seeds, dtype=torch.int64, device=dev)
-        mask = (cols[None, :n_max] >= pad[:, None]).long()
-        pos = (cols[None, :n_max] - pad[:, None]).clamp(min=0)
         cache_t, cache_d = transformers.DynamicCache(), transformers.DynamicCache()
-        self._forward(self.target, self.kw_t, ids[:, :-1], mask[:, :-1], pos[:, :-1], cache_t)
-        if n_max > 2:
-            self._forward(self.draft, self.kw_d, ids[:, :-2], mask[:, :-2], pos[:, :-2],
-                          cache_d)
+        cols = torch.arange(n_max, device=dev)
+        for model, kw, cache, n in ((self.target, self.kw_t, cache_t, 1),
+                                    (self.draft, self.kw_d, cache_d, 2)):
+            if n_max > n:
+                # the padding is masked, except column 0: no query row may be wholly
+                # masked (the draft row of a 2-token prompt); no later mask lists it
+                c = cols[:n_max - n]
+                mask = (c < lens[:, None] - n) | (c == 0)
+                self._forward(model, kw, ids[:, :n_max - n], mask.long(), c.expand(B, -1),
+                              cache)
         self._lay_out(st, pool)
         return cache_t, cache_d
 
@@ -630,6 +641,20 @@ def _versions(device) -> str:
             f"transformers {transformers.__version__}, {when}")
 
 
+def _lm_head_ms(target, rows, repeat=20):
+    """GPU time of the tail's lm_head GEMM alone (the same in both loops)."""
+    h = torch.zeros(rows, target.config.hidden_size, dtype=target.lm_head.weight.dtype,
+                    device=target.lm_head.weight.device)
+    target.lm_head(h)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(repeat):
+        target.lm_head(h)
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / repeat
+
+
 def _timed(target, draft, K, prompts, N, repeat, **kw):
     """Warm up, then the median (by wall time) of `repeat` runs."""
     dec = SpecDecoder(target, draft, K, timing=True, **kw)
@@ -661,13 +686,14 @@ def run_bench(args, device) -> int:
     for B, K in pairs:
         got = {name: _timed(target, draft, K, prompts[:B], N, repeat, **kw)
                for name, kw in loops}
+        lm_head = f"{_lm_head_ms(target, B * (K + 1)):.3f}" if cuda else "-"
         for name, gen in got.items():
             ph = gen.phase_ms or {}
             rows.append([B, K, name, f"{B * N / gen.seconds:.0f}",
                          f"{1e3 * gen.seconds / gen.steps:.3f}",
                          f"{gen.mean_accepted() + 1:.2f}",
                          *(f"{ph[p]:.3f}" if p in ph else "-"
-                           for p in ("draft", "verify", "tail"))])
+                           for p in ("draft", "verify", "tail")), lm_head])
         same = (got["recipes"].tokens, got["recipes"].accepted) == \
             (got["torch"].tokens, got["torch"].accepted)
         lossless.append(f"B={B} K={K}: the recipes and torch loops emit "
@@ -688,7 +714,7 @@ def run_bench(args, device) -> int:
     seconds = time.perf_counter() - t0
 
     head = ["B", "K", "loop", "tokens/s", "ms/step", "tokens/step", "draft ms", "verify ms",
-            "tail ms"]
+            "tail ms", "of which lm_head"]
     md = ["# Speculative decoding loop: recipes vs plain torch", "", _versions(device), "",
           f"Target: Llama, hidden {H}, {target.config.num_hidden_layers} layers, V={V}, "
           f"{str(dtype).replace('torch.', '')}, random weights; draft: its first "
@@ -698,9 +724,10 @@ def run_bench(args, device) -> int:
           f"of {repeat} runs after a warm-up; {seconds:.0f} s in all. tokens/s: B x new "
           "tokens over the decode loop (prefill excluded). tokens/step: the mean acceptance "
           "length (accepted drafts + the bonus) a request a step. draft/verify/tail ms: GPU "
-          "time a step (CUDA events). The loops differ in the tail (one CUDA graph: "
-          "chain_verify, relay, copies), in draft_tail after each draft forward and in "
-          "verify_metadata; the model forwards are the same Hugging Face eager code.", "",
+          "time a step (CUDA events); of which lm_head: the tail's lm_head GEMM timed alone. "
+          "The loops differ in the tail (one CUDA graph: lm_head, chain_verify, relay, "
+          "copies), in draft_tail after each draft forward and in verify_metadata; the "
+          "model forwards are the same Hugging Face eager code.", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     md += ["", "## Lossless", ""] + [f"- {x}" for x in lossless]
