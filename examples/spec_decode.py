@@ -364,7 +364,7 @@ class SpecDecoder:
         with torch.cuda.graph(st.graph):
             self._tail(st, pool)
 
-    def _prefill(self, st, pool, prompts, slots, temperature, seeds):
+    def _prefill(self, st, pool, prompts, temperature, seeds):
         """The pool takes the prompts; the caches take them right-padded to the longest,
         column = position: the target all but x0 (the last prompt token), the draft all
         but x0 and its predecessor (its first step feeds both). Returns the caches."""
@@ -441,7 +441,7 @@ class SpecDecoder:
         # (torch's Philox, in the plain-torch sampled verify, makes host tensors: no graph)
         if self.cuda_graph and not (st.sampled and self.ops is TorchOps):
             self._capture(st, pool)
-        cache_t, cache_d = self._prefill(st, pool, prompts, slots, temperature, seeds)
+        cache_t, cache_d = self._prefill(st, pool, prompts, temperature, seeds)
         S, Sd = max(lens) - 1, max(lens) - 2
 
         emitted, accepted, ev = [0] * B, [], [] if self.timing else None
@@ -656,9 +656,10 @@ def _lm_head_ms(target, rows, repeat=20):
 
 
 def _timed(target, draft, K, prompts, N, repeat, **kw):
-    """Warm up, then the median (by wall time) of `repeat` runs."""
+    """The median (by wall time) of `repeat` runs after one more (the same sizes: it
+    compiles every kernel the runs use)."""
     dec = SpecDecoder(target, draft, K, timing=True, **kw)
-    dec.generate(prompts, min(N, 4))
+    dec.generate(prompts, N)
     runs = sorted((dec.generate(prompts, N) for _ in range(repeat)), key=lambda g: g.seconds)
     return runs[len(runs) // 2]
 
