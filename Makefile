@@ -63,6 +63,13 @@ BENCH_ARGS ?=
 bench: $(SETUP)
 	$(PY) -m autotune bench $(BENCH_ARGS)
 
+# The speculative decoding example (examples/spec_decode.py) on this GPU: recipes vs plain
+# torch in the same loop -> results/<gpu>/spec-decode.md; without a GPU, a tiny smoke run
+# (e.g. EXAMPLE_ARGS="--batch 1 4 --K 3"; `python examples/spec_decode.py -h` lists all)
+EXAMPLE_ARGS ?=
+example-bench: $(SETUP)
+	$(PY) examples/spec_decode.py --bench $(EXAMPLE_ARGS)
+
 # The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
 # and $(RESULTS)/targets.json (id, target, measured, met; null with a reason if unknown)
 RESULTS ?= results/h200
