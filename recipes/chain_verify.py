@@ -140,7 +140,9 @@ def target_tokens(logits: torch.Tensor, B: int, K: int, temperature=None, seeds=
     return t.view(B, K + 1)
 
 
-def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None):
+def reference(logits: torch.Tensor, draft_tokens: torch.Tensor,
+              temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None) -> VerifyResult:
     B, K = draft_tokens.shape
     return accept(target_tokens(logits, B, K, temperature, seeds, positions), draft_tokens)
 
@@ -220,6 +222,9 @@ SPACE = {**SPLIT_SPACE, "EXACT": (0, 1)}
 
 
 def constraint(config: dict, key: dict) -> bool:
+    """The tuner's prune. Performance only (register pressure, repeats of one launch, the
+    exact scan kept out of the search): every config of SPACE gives the same bits, so an
+    explicit config need only be in SPACE."""
     if not split_constraint(config, key["V"]) or config.get("EXACT", 0) != 0:
         return False
     if key.get("mode", "greedy") != "sampled":
@@ -251,11 +256,15 @@ def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) 
 
 
 # --- launcher --------------------------------------------------------------------------
+_OUT_NAMES = tuple(f"out.{f}" for f in VerifyResult._fields)
+
+
 def _validate(logits, draft_tokens, out):
-    C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2)
-    device = draft_tokens.device
-    C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3), device=device)
-    C.check_runnable("logits", logits)
+    C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3))
+    device = logits.device
+    C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2,
+                   device=device)
+    C.check_runnable("logits", logits)       # after the device checks: mixed devices
     C.check_logits_rows("logits", logits)
     B, K = draft_tokens.shape
     V = logits.shape[-1]
@@ -287,9 +296,25 @@ def _validate(logits, draft_tokens, out):
     return B, K, V, stride_b, stride_j, out
 
 
+def _check_out_overlap(out: VerifyResult, logits, draft_tokens, sampling) -> None:
+    """out= buffers share no memory with the inputs or with each other."""
+    reads = [("logits", logits), ("draft_tokens", draft_tokens)]
+    if sampling is not None:
+        reads += zip(("temperature", "seeds", "positions"), sampling, strict=True)
+    C.check_no_overlap(zip(_OUT_NAMES, out, strict=True), reads)
+
+
 def _validate_sampling(temperature, seeds, positions, B, device):
     """Per-request sampling inputs: temperature float [B], seeds and positions integer
-    [B], any stride, on the device of draft_tokens (values are not read)."""
+    [B], any stride, on the device of logits (values are not read). Without temperature
+    no request samples, so seeds/positions alone are a mistake, not something to drop."""
+    if temperature is None:
+        for name, t in (("seeds", seeds), ("positions", positions)):
+            if t is not None:
+                raise ValueError(f"{name}: expected None without temperature (seeds and "
+                                 f"positions only feed sampled rows), got {name} without "
+                                 f"temperature")
+        return None
     C.check_tensor("temperature", temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
     if temperature.shape[0] != B:
         raise ValueError(f"temperature: expected shape ({B},) (one per request of "
@@ -303,10 +328,12 @@ def _validate_sampling(temperature, seeds, positions, B, device):
         if t.shape[0] != B:
             raise ValueError(f"{name}: expected shape ({B},) (one per request of "
                              f"draft_tokens), got {tuple(t.shape)}")
+    return temperature, seeds, positions
 
 
-def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
-                  sampling=None) -> None:
+def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyResult,
+                  cfg: dict, B: int, K: int, V: int, stride_b: int, stride_j: int,
+                  sampling: tuple | None = None) -> None:
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     acc, cnt = C.WORKSPACE.get(logits.device, B * (K + 1), B)
     if sampling is None:
@@ -325,21 +352,23 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
-def resolve_config(config, key, device) -> dict:
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
-def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,
-                 seeds=None, positions=None, out=None, config=None) -> VerifyResult:
+def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
+                 temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None, out: VerifyResult | None = None,
+                 config: dict | None = None) -> VerifyResult:
     """Verify top-1 drafts against target logits in one launch; see the module doc.
     With `temperature` (float [B]), requests with temperature > 0 sample their target
     tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
     the others stay greedy, in the same launch."""
+    given = out is not None
     B, K, V, stride_b, stride_j, out = _validate(logits, draft_tokens, out)
-    sampling = None
-    if temperature is not None:
-        _validate_sampling(temperature, seeds, positions, B, draft_tokens.device)
-        sampling = (temperature, seeds, positions)
+    sampling = _validate_sampling(temperature, seeds, positions, B, logits.device)
+    if given:
+        _check_out_overlap(out, logits, draft_tokens, sampling)
     if B == 0:
         return out
     cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),

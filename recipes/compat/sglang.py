@@ -33,7 +33,9 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
 * `draft_topk1_postprocess(next_token_logits [B, V], positions [B], draft_tokens=None,
   draft_token_column=0)` -> `(topk_p float32 [B, 1] all 1.0, topk_index int64 [B, 1])`;
   in place: `positions += 1`, `draft_tokens[:, draft_token_column] = topk_index[:, 0]`.
-  One launch (`draft_tail`).
+  Without `draft_tokens`, `draft_token_column` is not used (as in SGLang, whose EAGLE
+  worker passes the step's column whether or not it materialises the chain). One
+  launch (`draft_tail`).
 * `draft_extend_topk1_postprocess(next_token_logits [R, V], row_indices int64 [B],
   hidden_states=None, dsa_topk_indices=None)` -> `(topk_p [B, 1], topk_index [B, 1],
   hidden_states[row_indices] or None, dsa_topk_indices[row_indices] or None)`: the
@@ -56,7 +58,9 @@ Where the semantics differ from SGLang's (everything else is equal bit for bit):
   another layout gives the chain's answer, not the walk's.
 * Simulated acceptance (`num_simulated_accept_tokens > 0`, SGLang's benchmarking aid) is
   not modelled: it raises NotImplementedError.
-* Validation raises ValueError/TypeError naming the argument (SGLang asserts). Accepted
+* Validation raises ValueError/TypeError naming the argument (SGLang asserts); in-place
+  buffers (`positions`, `draft_tokens`) that share memory with each other or with the
+  logits raise ValueError (SGLang: unspecified results). Accepted
   beyond SGLang: CPU tensors under the Triton interpreter, int32 `candidates`, 3-D logits
   [B, N, V] for the verifier, negative `draft_token_column` (from the end), strided
   `seq_lens`/`positions`/`draft_tokens`. Narrower: `positions` must be int64.
@@ -122,14 +126,14 @@ def _layout_block(B: int) -> int:
 # --- validation ------------------------------------------------------------------------
 def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_next_token,
                        seq_lens):
-    C.check_tensor("candidates", candidates, dtypes=C.INDEX_DTYPES, ndim=2)
-    dev = candidates.device
+    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES,
+                   ndim=(2, 3))
+    dev = next_token_logits.device
+    C.check_tensor("candidates", candidates, dtypes=C.INDEX_DTYPES, ndim=2, device=dev)
     B, N = candidates.shape
     if N < 1:
         raise ValueError(f"candidates: expected [B, N] with N >= 1 (the committed token "
                          f"and N-1 drafts), got shape {tuple(candidates.shape)}")
-    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES,
-                   ndim=(2, 3), device=dev)
     lead = tuple(next_token_logits.shape[:-1])
     if lead != (B * N,) and lead != (B, N):
         raise ValueError(f"next_token_logits: expected [B*N, V] = [{B * N}, V] (or "
@@ -147,8 +151,11 @@ def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_n
     return B, N
 
 
-def target_verify_topk1_is_supported(next_token_logits, candidates, retrieve_index,
-                                     retrieve_next_token, seq_lens) -> bool:
+def target_verify_topk1_is_supported(next_token_logits: torch.Tensor,
+                                     candidates: torch.Tensor,
+                                     retrieve_index: torch.Tensor,
+                                     retrieve_next_token: torch.Tensor,
+                                     seq_lens: torch.Tensor) -> bool:
     """True when `target_verify_topk1_postprocess` accepts these tensors (shapes, dtypes,
     devices; values are never read). Unlike SGLang's, CPU tensors under the Triton
     interpreter are supported too."""
@@ -205,32 +212,41 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
 
 def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Tensor,
                             draft_tokens: torch.Tensor | None = None,
-                            draft_token_column: int = 0):
+                            draft_token_column: int = 0
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax of each draft row; `positions += 1`; optionally
-    `draft_tokens[:, draft_token_column] = argmax`. Returns (topk_p float32 [B, 1] of
-    ones, topk_index int64 [B, 1])."""
+    `draft_tokens[:, draft_token_column] = argmax` (the column is unused without
+    draft_tokens, as in SGLang). Returns (topk_p float32 [B, 1] of ones, topk_index
+    int64 [B, 1])."""
     from .. import draft_tail
 
-    r = draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
-                   column=draft_token_column)
+    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
+    if draft_tokens is None:
+        r = draft_tail(next_token_logits, positions=positions)
+    else:
+        r = draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
+                       column=draft_token_column)
     return r.probs.unsqueeze(1), r.tokens.unsqueeze(1)
 
 
 def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
                                    row_indices: torch.Tensor,
                                    hidden_states: torch.Tensor | None = None,
-                                   dsa_topk_indices: torch.Tensor | None = None):
+                                   dsa_topk_indices: torch.Tensor | None = None
+                                   ) -> tuple[torch.Tensor, torch.Tensor,
+                                              torch.Tensor | None, torch.Tensor | None]:
     """Argmax of the selected rows `next_token_logits[row_indices]` (read in place) and the
     matching rows of `hidden_states` and `dsa_topk_indices`. Returns (topk_p [B, 1],
     topk_index [B, 1], selected hidden [B, H] or None, selected dsa [B, D] or None)."""
     from .. import draft_tail, relay_gather
 
-    C.check_tensor("row_indices", row_indices, dtypes=C.INDEX_DTYPES, ndim=1)
     C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
+    dev = next_token_logits.device
+    C.check_tensor("row_indices", row_indices, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
     R = next_token_logits.shape[0]
     hidden = hidden_states
     if hidden is not None:
-        C.check_tensor("hidden_states", hidden, ndim=2)
+        C.check_tensor("hidden_states", hidden, ndim=2, device=dev)
         if hidden.shape[0] < R:
             raise ValueError(f"hidden_states: expected at least {R} rows (one per logits "
                              f"row), got shape {tuple(hidden.shape)}")
@@ -238,8 +254,7 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
     r = draft_tail(next_token_logits, rows=row_indices, hidden=hidden)
     dsa = None
     if dsa_topk_indices is not None:
-        C.check_tensor("dsa_topk_indices", dsa_topk_indices, ndim=2,
-                       device=row_indices.device)
+        C.check_tensor("dsa_topk_indices", dsa_topk_indices, ndim=2, device=dev)
         if dsa_topk_indices.shape[0] < R:
             raise ValueError(f"dsa_topk_indices: expected at least {R} rows (one per logits "
                              f"row), got shape {tuple(dsa_topk_indices.shape)}")
