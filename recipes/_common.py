@@ -1,5 +1,6 @@
-"""Shared host-side machinery for every recipe: device and dtype validation, the
-interpreter check, the per-device scratch workspace and configuration dispatch.
+"""Shared host-side machinery for every recipe: device, dtype, overlap and config
+validation, the interpreter check, the per-device scratch workspace and configuration
+dispatch.
 
 Validation reads shapes, dtypes, devices and strides only (never tensor values), so a
 call never synchronises with the device and stays CUDA-graph capturable.
@@ -107,6 +108,72 @@ def check_out(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.devi
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def byte_extent(t: torch.Tensor) -> tuple[int, int] | None:
+    """[lo, hi): the device addresses t's elements span, from its metadata only (None when
+    t is empty). `t.data_ptr()` is `t.untyped_storage().data_ptr()` plus
+    `storage_offset() * element_size()`, so these are byte ranges inside t's allocation,
+    comparable across the tensors of one device: two ranges intersect only where the
+    tensors share an allocation. Views that interleave inside one range (two columns of
+    a matrix) count as intersecting: the check is conservative and reads no values."""
+    if t.numel() == 0:
+        return None
+    lo = t.data_ptr()
+    es = t.element_size()
+    hi = lo + es
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if stride > 0:
+            hi += (size - 1) * stride * es
+        else:
+            lo += (size - 1) * stride * es
+    return lo, hi
+
+
+def _add_spans(named, written: bool, spans: list) -> list:
+    for name, t in named:
+        if t is not None:
+            n = t.nbytes
+            if n:
+                if t.is_contiguous():           # the usual case: no walk over the dims
+                    lo = t.data_ptr()
+                    spans.append((lo, lo + n, written, name))
+                else:
+                    spans.append((*byte_extent(t), written, name))
+    return spans
+
+
+def check_no_overlap(writes, reads=()) -> None:
+    """ValueError when a written tensor shares bytes with another written one or with a
+    read one (reads may share memory among themselves). `writes`/`reads`: sequences of
+    (argument name, tensor or None), all on one device (checked before this). Host-side,
+    from addresses, sizes and strides only (`byte_extent`): no sync, no value read. One
+    sort and one sweep over the ranges; next to nothing when no write is given (the
+    usual call without out=)."""
+    spans = _add_spans(writes, True, [])
+    if not spans:
+        return
+    _add_spans(reads, False, spans)
+    if len(spans) < 2:
+        return
+    spans.sort()
+    end_any = end_w = 0                  # the farthest end so far: of any range, of a write
+    who_any = who_w = ""
+    for lo, hi, written, name in spans:
+        if lo < end_w:                   # inside an earlier write
+            _overlap(who_w, name)
+        if written:
+            if lo < end_any:             # a write inside an earlier range
+                _overlap(name, who_any)
+            if hi > end_w:
+                end_w, who_w = hi, name
+        if hi > end_any:
+            end_any, who_any = hi, name
+
+
+def _overlap(written: str, other: str) -> None:
+    raise ValueError(f"{written}: expected a tensor that shares no memory with {other} "
+                     f"(it is written in place), got one whose bytes overlap {other}'s")
 
 
 def check_logits_rows(name: str, x: torch.Tensor) -> None:
@@ -305,10 +372,19 @@ def resolve_config(recipe: str, config, key: dict, heuristic, space: dict,
 
 
 def check_config(recipe: str, config: dict, space: dict) -> None:
+    """An explicit `config=`: a dict whose keys are among the space's and whose values are
+    among each key's choices (of the choice's own type: 1024.0 and True are not 1024 and
+    1). A recipe's static `constraint` is not applied here: it only prunes the tuner's
+    search (configs it rejects give the same bits, just slower), see each recipe."""
     if not isinstance(config, dict):
-        raise TypeError(f"config: expected a dict with keys {sorted(space)}, "
+        raise TypeError(f"config: expected a dict with keys among {sorted(space)}, "
                         f"got {type(config).__name__}")
-    unknown = set(config) - set(space)
-    if unknown:
-        raise ValueError(f"config: unknown keys {sorted(unknown)} for {recipe}; "
-                         f"expected keys among {sorted(space)}")
+    for k, v in config.items():
+        choices = space.get(k)
+        if choices is None:
+            unknown = sorted(str(u) for u in config if u not in space)
+            raise ValueError(f"config: unknown keys {unknown} for {recipe}; "
+                             f"expected keys among {sorted(space)}")
+        if not any(type(v) is type(c) and v == c for c in choices):
+            raise ValueError(f"config[{k!r}]: expected one of {tuple(choices)} (the "
+                             f"{recipe} search space), got {v!r}")

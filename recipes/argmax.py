@@ -70,6 +70,8 @@ SPACE = SPLIT_SPACE
 
 
 def constraint(config: dict, key: dict) -> bool:
+    """The tuner's prune (`split_constraint`). Performance only: every config of SPACE
+    gives the same bits, so an explicit config need only be in SPACE."""
     return split_constraint(config, key["V"])
 
 
@@ -98,7 +100,8 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
-def resolve_config(config, dtype, V, R, device) -> dict:
+def resolve_config(config: dict | None, dtype: torch.dtype, V: int, R: int,
+                   device: torch.device) -> dict:
     key = tune_key(dtype, V, R)
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
@@ -115,6 +118,7 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,
         out = torch.empty((R,), dtype=torch.int64, device=logits.device)
     else:
         C.check_out("out", out, (R,), torch.int64, logits.device)
+        C.check_no_overlap((("out", out),), (("logits", logits),))
     if R == 0:
         return out
     cfg = resolve_config(config, logits.dtype, V, R, logits.device)

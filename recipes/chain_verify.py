@@ -128,7 +128,9 @@ def target_tokens(logits: torch.Tensor, B: int, K: int, temperature=None, seeds=
     return t.view(B, K + 1)
 
 
-def reference(logits, draft_tokens, temperature=None, seeds=None, positions=None):
+def reference(logits: torch.Tensor, draft_tokens: torch.Tensor,
+              temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None) -> VerifyResult:
     B, K = draft_tokens.shape
     return accept(target_tokens(logits, B, K, temperature, seeds, positions), draft_tokens)
 
@@ -236,6 +238,9 @@ SPACE = {**SPLIT_SPACE, "EXACT": (0, 1)}
 
 
 def constraint(config: dict, key: dict) -> bool:
+    """The tuner's prune. Performance only (register pressure, repeats of one launch, the
+    exact scan kept out of the search): every config of SPACE gives the same bits, so an
+    explicit config need only be in SPACE."""
     if not split_constraint(config, key["V"]) or config.get("EXACT", 0) != 0:
         return False
     if key.get("mode", "greedy") != "sampled":
@@ -267,13 +272,18 @@ def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) 
 
 
 # --- launcher --------------------------------------------------------------------------
+_OUT_NAMES = tuple(f"out.{f}" for f in VerifyResult._fields)
+
+
 def validate(logits, draft_tokens, out, name="logits"):
     """Host-side checks of the arguments (`name`: what the caller calls the logits);
-    returns (B, K, V, stride_b, stride_j, out), out allocated when None."""
-    C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2)
-    device = draft_tokens.device
-    C.check_tensor(name, logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3), device=device)
-    C.check_runnable(name, logits)
+    returns (B, K, V, stride_b, stride_j, out), out allocated when None. Devices are
+    checked against the logits' (the first tensor argument), naming the one that differs."""
+    C.check_tensor(name, logits, dtypes=C.FLOAT_DTYPES, ndim=(2, 3))
+    device = logits.device
+    C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2,
+                   device=device)
+    C.check_runnable(name, logits)       # after the device checks: mixed devices
     C.check_logits_rows(name, logits)
     B, K = draft_tokens.shape
     V = logits.shape[-1]
@@ -310,16 +320,26 @@ def validate_out(out, B: int, K: int, device: torch.device) -> VerifyResult:
     return out
 
 
+def check_out_overlap(out: VerifyResult, logits, draft_tokens, sampling) -> None:
+    """out= buffers share no memory with the inputs or with each other (storage ranges
+    only: no value is read)."""
+    reads = [("logits", logits), ("draft_tokens", draft_tokens)]
+    if sampling is not None:
+        reads += zip(("temperature", "seeds", "positions"), sampling, strict=True)
+    C.check_no_overlap(zip(_OUT_NAMES, out, strict=True), reads)
+
+
 def validate_sampling(temperature, seeds, positions, B, device):
     """Per-request sampling inputs: temperature float [B], seeds and positions integer
-    [B], any stride, on the device of draft_tokens (values are not read). Returns
-    (temperature, seeds, positions), or None without temperature (seeds and positions
-    then must be None too: alone they have no meaning)."""
+    [B], any stride, on `device` (values are not read). Returns (temperature, seeds,
+    positions), or None without temperature; seeds/positions alone are a mistake (they
+    only feed sampled rows), not something to drop."""
     if temperature is None:
         for name, t in (("seeds", seeds), ("positions", positions)):
             if t is not None:
-                raise ValueError(f"{name}: only has a meaning together with temperature "
-                                 f"(sampled rows); got {name} without temperature")
+                raise ValueError(f"{name}: expected None without temperature (seeds and "
+                                 f"positions only feed sampled rows), got {name} without "
+                                 f"temperature")
         return None
     C.check_tensor("temperature", temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
     if temperature.shape[0] != B:
@@ -347,8 +367,9 @@ def sampling_args(sampling, like):
     return temp, seeds, pos, temp.stride(0), seeds.stride(0), pos.stride(0)
 
 
-def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
-                  sampling=None, sglang=None) -> None:
+def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyResult,
+                  cfg: dict, B: int, K: int, V: int, stride_b: int, stride_j: int,
+                  sampling: tuple | None = None, sglang: tuple | None = None) -> None:
     """Launch on validated tensors (B >= 1). `sampling`: (temperature, seeds, positions)
     or None (greedy). `sglang`: None, or the tensors of SGLang's layout of the same
     answer, written by the finishing programs in the same launch (`recipes.compat.sglang`):
@@ -377,18 +398,23 @@ def launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
-def resolve_config(config, key, device) -> dict:
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
-def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,
-                 seeds=None, positions=None, out=None, config=None) -> VerifyResult:
+def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
+                 temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None, out: VerifyResult | None = None,
+                 config: dict | None = None) -> VerifyResult:
     """Verify top-1 drafts against target logits in one launch; see the module doc.
     With `temperature` (float [B]), requests with temperature > 0 sample their target
     tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
     the others stay greedy, in the same launch."""
+    given = out is not None
     B, K, V, stride_b, stride_j, out = validate(logits, draft_tokens, out)
-    sampling = validate_sampling(temperature, seeds, positions, B, draft_tokens.device)
+    sampling = validate_sampling(temperature, seeds, positions, B, logits.device)
+    if given:
+        check_out_overlap(out, logits, draft_tokens, sampling)
     if B == 0:
         return out
     cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),

@@ -16,10 +16,13 @@ range tests over the (at most 16) pairs, passed as tuples of pointers and length
 copies its chunk in TILES tiles (unmasked when the tile is full, masked for the tail).
 Programs never read or write past a pair's length, so any config copies the same bits.
 
-dst and src must not overlap (a tensor may appear in several pairs only as a source);
-overlap is not checked (it would need the storages' extents) and gives unspecified bytes.
+A dst must not share memory with any src or another dst (a tensor may appear in several
+pairs only as a source): ValueError, from the tensors' address ranges
+(`_common.check_no_overlap`: metadata only, no value read).
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import triton
@@ -30,10 +33,13 @@ from .tuning import Tuning
 
 NAME = "copy_inputs"
 MAX_PAIRS = 16
+_DST_NAMES = tuple(f"pairs[{i}] dst" for i in range(MAX_PAIRS))
+_SRC_NAMES = tuple(f"pairs[{i}] src" for i in range(MAX_PAIRS))
+Pairs = Sequence[tuple[torch.Tensor, torch.Tensor]]     # (dst, src) pairs
 _UNITS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8))
 
 
-def reference(pairs) -> None:
+def reference(pairs: Pairs) -> None:
     """The semantics: dst.copy_(src) for every pair, as bits (through an int8 view, so
     no value conversion can touch a NaN payload)."""
     for dst, src in pairs:
@@ -81,9 +87,10 @@ SPACE = {
 
 
 def constraint(config: dict, key: dict) -> bool:
-    """2 to 16 units a thread (one 16-byte int64 vector at least, no register spills),
-    and no chunk over four times the largest pair in int64 units (bigger chunks run
-    exactly like a smaller one)."""
+    """The tuner's prune, for performance only (every config of SPACE copies the same
+    bits), so an explicit config need only be in SPACE. 2 to 16 units a thread (one
+    16-byte int64 vector at least, no register spills), and no chunk over four times
+    the largest pair in int64 units (bigger chunks run exactly like a smaller one)."""
     per_thread = config["BLOCK"] // (32 * config["num_warps"])
     if not 2 <= per_thread <= 16:
         return False
@@ -104,7 +111,7 @@ def tune_key(n_pairs: int, pair_bytes: int) -> dict:
     return {"pairs": int(n_pairs), "pair_bytes": int(pair_bytes)}
 
 
-def resolve_config(config, key, device) -> dict:
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
@@ -129,7 +136,6 @@ def _validate(pairs):
             C.check_tensor(name, t)
             if dev is None:
                 dev = t.device
-                C.check_runnable(name, t)
             C.check_device(name, t, dev)
             if not t.is_contiguous():
                 raise ValueError(f"{name}: expected a contiguous tensor, got shape "
@@ -142,6 +148,9 @@ def _validate(pairs):
             raise ValueError(f"pairs[{i}]: expected dst and src with the same number of "
                              f"elements, got {dst.numel()} (dst, shape {tuple(dst.shape)}) "
                              f"and {src.numel()} (src, shape {tuple(src.shape)})")
+    C.check_runnable("pairs[0] dst", pairs[0][0])   # after the device checks
+    C.check_no_overlap(zip(_DST_NAMES, (p[0] for p in pairs), strict=False),
+                       zip(_SRC_NAMES, (p[1] for p in pairs), strict=False))
     return dev
 
 
@@ -170,7 +179,7 @@ def _plan(pairs):
     return dsts, srcs, ns
 
 
-def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
+def launch_copy_inputs(dsts: list, srcs: list, ns: list, cfg: dict) -> None:
     """Launch on unit views (equal dtypes per pair, lengths `ns` in units)."""
     chunk = int(cfg["BLOCK"]) * int(cfg["TILES"])
     starts = [0]
@@ -183,10 +192,10 @@ def launch_copy_inputs(dsts, srcs, ns, cfg: dict) -> None:
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl > 0)
 
 
-def copy_inputs(pairs, *, config: dict | None = None) -> None:
+def copy_inputs(pairs: Pairs, *, config: dict | None = None) -> None:
     """Copy 1 to 16 (dst, src) pairs bit for bit in one launch: each pair one dtype and
     one number of elements, both contiguous, all on one device; any dtypes across pairs.
-    Pairs must not overlap in memory (not checked)."""
+    A dst shares no memory with a src or another dst (ValueError)."""
     dev = _validate(pairs)
     dsts, srcs, ns = _plan(pairs)
     if not dsts:

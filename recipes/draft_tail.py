@@ -20,7 +20,10 @@ Edge cases and choices:
 * `token_map` (int32/int64 [Vd], any stride) is read at t[b] < Vd only; its values are
   copied as they are (widened to int64), in or out of any vocabulary.
 * `column` is a Python int in [-K, K) for draft_tokens [B, K] (negative counts from the
-  end); `positions` and `draft_tokens` may be strided views.
+  end), 0 by default; passing it without draft_tokens is an error (it would be
+  dropped). `positions` and `draft_tokens` may be strided views; neither may share
+  memory with an input, an out= buffer or each other (ValueError, from the address
+  ranges: `_common.check_no_overlap`).
 * B = 0 returns empty outputs and launches nothing; R = 0 with rows non-empty is an error.
 
 One launch. The grid is [argmax programs | hidden-copy programs]:
@@ -87,6 +90,16 @@ from ._common import cdiv, next_pow2
 from .tuning import Tuning
 
 NAME = "draft_tail"
+
+
+class _DefaultColumn(int):
+    """The default of `column`: the int 0, told apart from an explicit 0 by identity."""
+
+    def __repr__(self) -> str:
+        return "0"
+
+
+COLUMN_DEFAULT = _DefaultColumn(0)
 
 
 class DraftTail(NamedTuple):
@@ -309,13 +322,15 @@ def _can_fuse(H: int, split: int, num_warps: int) -> bool:
 
 
 def constraint(config: dict, key: dict) -> bool:
-    """4..64 logits elements a thread per step; SPLIT up to the first power of two >= the
-    row's tiles (that one is a tile a chunk; larger ones would repeat it); UNROLL 2 only
-    with two tiles or more a chunk; 1-2 warps and tiles under 1024 only for B <= 8;
-    copy programs: 1..64 hidden elements a thread and no tile beyond the row's next power
-    of two (one BLOCK_H when H = 0: it is unused); fused copy: a hidden slice of at
-    most 64 elements a thread, BLOCK_H at its first value (unused), and only with
-    hidden rows (H > 0)."""
+    """The tuner's prune, for performance only (every config of SPACE gives the same
+    bits, and the launcher falls back to copy programs where a FUSE_H=1 slice does not
+    fit), so an explicit config need only be in SPACE. It admits 4..64 logits elements a
+    thread per step; SPLIT up to the first power of two >= the row's tiles (that one is
+    a tile a chunk; larger ones would repeat it); UNROLL 2 only with two tiles or more a
+    chunk; 1-2 warps and tiles under 1024 only for B <= 8; copy programs: 1..64 hidden
+    elements a thread and no tile beyond the row's next power of two (one BLOCK_H when
+    H = 0: it is unused); fused copy: a hidden slice of at most 64 elements a thread,
+    BLOCK_H at its first value (unused), and only with hidden rows (H > 0)."""
     threads = 32 * config["num_warps"]
     bv, unroll = config["BLOCK_V"], config["UNROLL"]
     if not split_constraint(config, key["V"]) or bv * unroll > 64 * threads:
@@ -356,7 +371,7 @@ def tune_key(dtype: torch.dtype, V: int, B: int, H: int) -> dict:
     return {"dtype": C._dtype_name(dtype), "V": int(V), "B": int(B), "H": int(H)}
 
 
-def resolve_config(config, key: dict, device: torch.device) -> dict:
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
@@ -370,8 +385,12 @@ def _gather_block(width: int, itemsize: int, num_warps: int) -> int:
     return max(2, min(next_pow2(width), 32 * num_warps * 64 // itemsize))
 
 
-def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
-                      tokens, probs, hidden_out, cfg, gather=None) -> None:
+def launch_draft_tail(logits: torch.Tensor, rows: torch.Tensor | None,
+                      hidden: torch.Tensor | None, token_map: torch.Tensor | None,
+                      positions: torch.Tensor | None, draft_tokens: torch.Tensor | None,
+                      column: int, tokens: torch.Tensor, probs: torch.Tensor,
+                      hidden_out: torch.Tensor | None, cfg: dict,
+                      gather: tuple | None = None) -> None:
     """Launch on validated tensors (B >= 1, R >= 1, column already in [0, K)).
 
     gather: None, or (src [R, G], dst [B, G]): a second row gather moved by copy
@@ -430,6 +449,12 @@ def launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
+def column_error(column: int) -> ValueError:
+    """The error of a `column` given without `draft_tokens` (it would be dropped)."""
+    return ValueError(f"column: expected only with draft_tokens (it picks the column "
+                      f"written), got column={column} without draft_tokens")
+
+
 def _check_out(out, B: int, hidden, device):
     """out= : a DraftTail (or 3-sequence) whose fields may each be None (allocated)."""
     if out is None:
@@ -454,19 +479,20 @@ def _check_out(out, B: int, hidden, device):
 def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
                hidden: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
                positions: torch.Tensor | None = None,
-               draft_tokens: torch.Tensor | None = None, column: int = 0,
+               draft_tokens: torch.Tensor | None = None, column: int = COLUMN_DEFAULT,
                out: DraftTail | None = None, config: dict | None = None) -> DraftTail:
     """Top-1 tail of a draft step (see the module docstring), in one launch.
 
     logits [R, Vd] float16/bfloat16/float32 (last dim contiguous, any row stride);
     rows int64 (or int32) [B], default every row; hidden [R, H]; token_map int32/int64
     [Vd]; positions int64 [B] (+= 1 in place); draft_tokens int64 [B, K]
-    (draft_tokens[:, column] = tokens in place). out: a DraftTail of preallocated
-    tokens int64 [B], probs float32 [B], hidden [B, H] (hidden's dtype) - any field may
-    be None to have it allocated; with every field given the call allocates nothing.
+    (draft_tokens[:, column] = tokens in place; column only with draft_tokens). out: a
+    DraftTail of preallocated tokens int64 [B], probs float32 [B], hidden [B, H]
+    (hidden's dtype) - any field may be None to have it allocated; with every field
+    given the call allocates nothing. No written tensor (out=, positions,
+    draft_tokens) may share memory with an input or another written one.
     """
     C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=2)
-    C.check_runnable("logits", logits)
     C.check_logits_rows("logits", logits)
     dev = logits.device
     R, V = logits.shape
@@ -508,7 +534,16 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
             raise ValueError(f"column: expected an index in [{-K}, {K}) for draft_tokens "
                              f"of shape {tuple(draft_tokens.shape)}, got {column}")
         column %= K
+    elif column is not COLUMN_DEFAULT:
+        raise column_error(column)
     tokens, probs, h_out = _check_out(out, B, hidden, dev)
+    C.check_runnable("logits", logits)       # after the device checks: mixed devices
+    if out is not None or positions is not None or draft_tokens is not None:
+        C.check_no_overlap(
+            (("out.tokens", tokens), ("out.probs", probs), ("out.hidden", h_out),
+             ("positions", positions), ("draft_tokens", draft_tokens)),
+            (("logits", logits), ("rows", rows), ("hidden", hidden),
+             ("token_map", token_map)))
     if tokens is None:
         tokens = torch.empty((B,), dtype=torch.int64, device=dev)
     if probs is None:

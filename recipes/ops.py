@@ -12,6 +12,7 @@ be captured as CUDA graphs (`torch.compile(mode="reduce-overhead")`).
                                          positions) -> (tokens, accept_len, bonus, select_index)
     torch.ops.spec_cookbook.draft_tail(logits, rows, hidden, token_map, positions,
                                        draft_tokens, column) -> (tokens, probs, hidden)
+                                       # column: an int, or None for the default
     torch.ops.spec_cookbook.relay_scatter(index, srcs, dsts) -> ()        # writes dsts
     torch.ops.spec_cookbook.relay_gather(index, srcs, dsts) -> ()         # writes dsts
     torch.ops.spec_cookbook.verify_metadata(req_pool_indices, seq_lens, req_to_token,
@@ -34,9 +35,14 @@ recipes' bit for bit (they run the same kernels).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:                # the wrappers' return types (imported at call time)
+    from .chain_verify import VerifyResult
+    from .draft_tail import DraftTail
+    from .verify_metadata import VerifyMetadata
 
 NAMESPACE = "spec_cookbook"
 _LIB = f"{NAMESPACE}::"
@@ -90,8 +96,9 @@ def _(logits, draft_tokens, temperature=None, seeds=None, positions=None):
             new((B,), dtype=torch.int32), new((B,), dtype=torch.int64))
 
 
-def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=None,
-                 seeds=None, positions=None):
+def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
+                 temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> VerifyResult:
     """`recipes.chain_verify` as a custom op: a `VerifyResult`."""
     from .chain_verify import VerifyResult
 
@@ -105,23 +112,27 @@ def _draft_tail_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = None,
                    hidden: Optional[torch.Tensor] = None,
                    token_map: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None,
-                   draft_tokens: Optional[torch.Tensor] = None, column: int = 0
+                   draft_tokens: Optional[torch.Tensor] = None,
+                   column: Optional[int] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, column)
 
 
 def _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, column):
     """The body of both draft_tail ops (one op must not call the other: torch 2.11's
-    in-place bookkeeping of the mutating op fails when it is entered from another op)."""
+    in-place bookkeeping of the mutating op fails when it is entered from another op).
+    `column=None` is the recipe's default (so a column given without draft_tokens still
+    raises there)."""
+    kw = {} if column is None else {"column": column}
     r = _recipes().draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
-                              positions=positions, draft_tokens=draft_tokens, column=column)
+                              positions=positions, draft_tokens=draft_tokens, **kw)
     h = r.hidden if r.hidden is not None else _empty(logits)
     return r.tokens, r.probs, h    # fresh tensors (out=None): no alias of an input
 
 
 @_draft_tail_op.register_fake
 def _(logits, rows=None, hidden=None, token_map=None, positions=None, draft_tokens=None,
-      column=0):
+      column=None):
     B = logits.shape[0] if rows is None else rows.shape[0]
     tokens = logits.new_empty((B,), dtype=torch.int64)
     probs = logits.new_empty((B,), dtype=torch.float32)
@@ -134,7 +145,7 @@ def _draft_tail_pure_op(logits: torch.Tensor, rows: Optional[torch.Tensor] = Non
                         hidden: Optional[torch.Tensor] = None,
                         token_map: Optional[torch.Tensor] = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _draft_tail_impl(logits, rows, hidden, token_map, None, None, 0)
+    return _draft_tail_impl(logits, rows, hidden, token_map, None, None, None)
 
 
 @_draft_tail_pure_op.register_fake
@@ -145,12 +156,20 @@ def _(logits, rows=None, hidden=None, token_map=None):
             logits.new_empty((B,), dtype=torch.float32), h)
 
 
-def draft_tail(logits: torch.Tensor, *, rows=None, hidden=None, token_map=None,
-               positions=None, draft_tokens=None, column: int = 0):
+def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
+               hidden: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None,
+               draft_tokens: torch.Tensor | None = None,
+               column: int | None = None) -> DraftTail:
     """`recipes.draft_tail` as a custom op (writes `positions`/`draft_tokens` in place):
     a `DraftTail`, whose `hidden` is None when `hidden` is None. Without in-place
     arguments it calls a variant that declares no mutation (torch 2.11's Dynamo failed
-    on mutated optional arguments passed as None: results/h200/logs/)."""
+    on mutated optional arguments passed as None: results/h200/logs/). `column`
+    (default None: the recipe's 0) is only for `draft_tokens`, as in the recipe."""
+    if column is not None and draft_tokens is None:
+        from .draft_tail import column_error
+
+        raise column_error(column)
     if positions is None and draft_tokens is None:
         tokens, probs, h = torch.ops.spec_cookbook.draft_tail_pure(logits, rows, hidden,
                                                                    token_map)
@@ -202,14 +221,16 @@ def _split_pairs(pairs, name: str, what: str):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def relay_scatter(index: torch.Tensor, fields) -> None:
+def relay_scatter(index: torch.Tensor,
+                  fields: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """`recipes.relay_scatter` as a custom op: `dst[index[b]] = src[b]` for each
     (src, dst) pair, in place."""
     srcs, dsts = _split_pairs(fields, "fields", "(src, dst)")
     torch.ops.spec_cookbook.relay_scatter(index, srcs, dsts)
 
 
-def relay_gather(index: torch.Tensor, fields) -> None:
+def relay_gather(index: torch.Tensor,
+                 fields: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """`recipes.relay_gather` as a custom op: `dst[b] = src[index[b]]` (zeros for an
     index out of range) for each (src, dst) pair, in place."""
     srcs, dsts = _split_pairs(fields, "fields", "(src, dst)")
@@ -267,7 +288,7 @@ def _(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size=1, window=
 def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                     req_to_token: torch.Tensor, num_tokens: int, *, page_size: int = 1,
                     window: int | None = None, max_pages: int | None = None,
-                    layout: str = "fa3"):
+                    layout: str = "fa3") -> VerifyMetadata:
     """`recipes.verify_metadata` as a custom op: a `VerifyMetadata` (fields of a layout
     not asked for are None)."""
     outs = torch.ops.spec_cookbook.verify_metadata(
@@ -289,7 +310,7 @@ def _(dsts, srcs):
     return None
 
 
-def copy_inputs(pairs) -> None:
+def copy_inputs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """`recipes.copy_inputs` as a custom op: copies each (dst, src) pair, in place."""
     dsts, srcs = _split_pairs(pairs, "pairs", "(dst, src)")
     torch.ops.spec_cookbook.copy_inputs(dsts, srcs)

@@ -30,7 +30,9 @@ Slots: an index is tested in 64 bits (`0 <= index[b] < P`, per field), so negati
 slots >= P and int64 slots such as 2**32 + 1 that would wrap in int32 are all "outside":
 skipped by scatter, zero-filled by gather. Outside slots are never dereferenced. Valid
 scatter slots must be unique (a repeated slot gets one of its rows, unspecified which).
-A dst must not share memory with any src or with another field's dst (not checked).
+A dst must not share memory with the index, any src or another field's dst: ValueError,
+checked on every call from the tensors' address ranges (`_common.check_no_overlap`; no
+value is read).
 
 Kernel: a flattened work list. Each field is cut into tiles of R_f rows x FB_f columns,
 FB_f = min(BLOCK, next_pow2(W_f)) and R_f = min(next_pow2(B), ROWS * BLOCK / FB_f), BLOCK
@@ -55,7 +57,7 @@ outputs), CUDA-graph capturable; B = 0 (or all widths 0) launches nothing. Retur
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
@@ -72,10 +74,13 @@ _FLOAT_CAST = (torch.float16, torch.bfloat16, torch.float32)
 _INT_CAST = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 FIELD_DTYPES = _FLOAT_CAST + (torch.float64,) + _INT_CAST + (torch.bool,)
 _MAX_WIDTH = 2**31 - 2**16        # int32 column offsets stay in range
+_SRC_NAMES = tuple(f"fields[{i}] src" for i in range(MAX_FIELDS))
+_DST_NAMES = tuple(f"fields[{i}] dst" for i in range(MAX_FIELDS))
+Fields = Sequence[tuple[torch.Tensor, torch.Tensor]]    # (src, dst) pairs
 
 
 # --- semantics -------------------------------------------------------------------------
-def reference_scatter(index: torch.Tensor, fields) -> None:
+def reference_scatter(index: torch.Tensor, fields: Fields) -> None:
     """dst[index[b]] = src[b].to(dst.dtype) for every b with 0 <= index[b] < P (in place)."""
     idx = index.to(torch.int64)
     for src, dst in fields:
@@ -85,7 +90,7 @@ def reference_scatter(index: torch.Tensor, fields) -> None:
             dst[idx[rows]] = src[rows].to(dst.dtype)
 
 
-def reference_gather(index: torch.Tensor, fields) -> None:
+def reference_gather(index: torch.Tensor, fields: Fields) -> None:
     """dst[b] = src[index[b]].to(dst.dtype) when 0 <= index[b] < P, else zeros (in place)."""
     idx = index.to(torch.int64)
     for src, dst in fields:
@@ -98,7 +103,7 @@ def reference_gather(index: torch.Tensor, fields) -> None:
         dst.copy_(vals)
 
 
-def reference(index: torch.Tensor, fields, mode: str) -> None:
+def reference(index: torch.Tensor, fields: Fields, mode: str) -> None:
     """The semantics of `relay_scatter` (mode "scatter") or `relay_gather` ("gather"),
     in place on the dsts, like the public functions."""
     if mode == "scatter":
@@ -219,9 +224,11 @@ SPACE = {
 
 
 def constraint(config: dict, key: dict) -> bool:
-    """No duplicate configs (SINGLE and ROWS beyond the batch, BLOCK beyond the width
-    change nothing), no thin tiles on wide rows (BLOCK >= 512 columns there), and 4 to 64
-    elements a thread (one warp may hold fewer)."""
+    """The tuner's prune, for performance only (`plan` clamps SINGLE, ROWS and BLOCK to
+    the call, and every config of SPACE moves the same bits), so an explicit config
+    need only be in SPACE. No duplicate configs (SINGLE and ROWS beyond the batch,
+    BLOCK beyond the width change nothing), no thin tiles on wide rows (BLOCK >= 512
+    columns there), and 4 to 64 elements a thread (one warp may hold fewer)."""
     B, W = max(1, key["B"]), max(1, key["width"])
     if config["SINGLE"] and B != 1:
         return False
@@ -265,15 +272,8 @@ def tune_key(mode: str, B: int, width: int, nfields: int) -> dict:
     return {"mode": mode, "B": int(B), "width": int(width), "nfields": int(nfields)}
 
 
-def resolve_config(config, key: dict, device: torch.device) -> dict:
-    if config is None:
-        return C.pick_config(NAME, key, heuristic, device)
-    cfg = C.resolve_config(NAME, config, key, heuristic, SPACE, device)
-    for p in ("BLOCK", "ROWS", "num_warps"):
-        v = cfg[p]
-        if not isinstance(v, int) or v < 1 or v & (v - 1):
-            raise ValueError(f"config: expected {p} to be a power of two, got {v!r}")
-    return cfg
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
 # --- validation ------------------------------------------------------------------------
@@ -303,7 +303,6 @@ def _check_cast(name: str, src: torch.Tensor, dst: torch.Tensor) -> None:
 def _validate(index, fields, gather: bool):
     """Host-only checks; returns (B, [(src, dst, W, pool)])."""
     C.check_tensor("index", index, dtypes=C.INDEX_DTYPES, ndim=1)
-    C.check_runnable("index", index)
     device = index.device
     B = index.shape[0]
     if isinstance(fields, (torch.Tensor, str)) or not hasattr(fields, "__len__"):
@@ -348,6 +347,7 @@ def _validate(index, fields, gather: bool):
                              f">= row width {W}), got strides {dst.stride()}")
         pool = (src if gather else dst).shape[0]
         out.append((src, dst, W, pool))
+    C.check_runnable("index", index)         # after the device checks: mixed devices
     return B, out
 
 
@@ -405,8 +405,8 @@ def _checked(index, fields, gather: bool):
     return hit
 
 
-def launch_relay(index: torch.Tensor, srcs, dsts, widths, pools, gather: bool,
-                 cfg: dict) -> None:
+def launch_relay(index: torch.Tensor, srcs: tuple, dsts: tuple, widths: tuple,
+                 pools: tuple, gather: bool, cfg: dict) -> None:
     """Launch on validated fields (B >= 1, every width >= 1)."""
     B = index.shape[0]
     pk = (B, widths, cfg["BLOCK"], cfg["ROWS"], cfg["SINGLE"])
@@ -426,24 +426,34 @@ def launch_relay(index: torch.Tensor, srcs, dsts, widths, pools, gather: bool,
         PDL=pdl, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
 
 
+def _check_overlap(index, fields, pos) -> None:
+    """Every dst (of a field with rows) shares no memory with the index, a src or
+    another dst (on every call: the cached validation knows no addresses)."""
+    C.check_no_overlap([(_DST_NAMES[i], fields[i][1]) for i in pos],
+                       [("index", index)] + [(_SRC_NAMES[i], fields[i][0]) for i in pos])
+
+
 def _relay(index, fields, gather: bool, config) -> None:
     B, pos, widths, pools = _checked(index, fields, gather)
     if B == 0 or not pos:
         return
+    _check_overlap(index, fields, pos)
     key = tune_key("gather" if gather else "scatter", B, max(widths), len(widths))
     cfg = resolve_config(config, key, index.device)
     launch_relay(index, tuple(fields[i][0] for i in pos), tuple(fields[i][1] for i in pos),
                  widths, pools, gather, cfg)
 
 
-def relay_scatter(index: torch.Tensor, fields, *, config: dict | None = None) -> None:
+def relay_scatter(index: torch.Tensor, fields: Fields, *,
+                  config: dict | None = None) -> None:
     """For each (src [B, ...], dst [P, ...]) in `fields` (1 to 8 pairs), in one launch:
     dst[index[b]] = src[b].to(dst.dtype) for every b with 0 <= index[b] < P; other rows
     are skipped. `index`: int32/int64 [B]; valid slots unique. Returns None."""
     _relay(index, fields, False, config)
 
 
-def relay_gather(index: torch.Tensor, fields, *, config: dict | None = None) -> None:
+def relay_gather(index: torch.Tensor, fields: Fields, *,
+                 config: dict | None = None) -> None:
     """For each (src [P, ...], dst [B, ...]) in `fields` (1 to 8 pairs), in one launch:
     dst[b] = src[index[b]].to(dst.dtype) when 0 <= index[b] < P, else zeros.
     `index`: int32/int64 [B]. Returns None."""

@@ -389,6 +389,7 @@ def argmax(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int, gro
         out = torch.empty((R,), dtype=torch.int64, device=device)
     else:
         C.check_out("out", out, (R,), torch.int64, device)
+        C.check_no_overlap([("out", out)], [("local_logits", local_logits)])
     if _world(group, device) == 1:
         _whole(local_logits, vs, V)
         return AM.argmax(local_logits, out=out, config=config)
@@ -408,10 +409,13 @@ def chain_verify(local_logits: torch.Tensor, draft_tokens: torch.Tensor, *,
     [B, K+1, Vl] are this rank's columns (global ids vocab_start ..); the other
     arguments and the VerifyResult (global ids, the same on every rank of `group`) are
     chain_verify's. Config: chain_verify's."""
+    given = out is not None
     B, K, _, stride_b, stride_j, out = CV.validate(local_logits, draft_tokens, out,
                                                    name="local_logits")
-    device = draft_tokens.device
+    device = local_logits.device
     sampling = CV.validate_sampling(temperature, seeds, positions, B, device)
+    if given:
+        CV.check_out_overlap(out, local_logits, draft_tokens, sampling)
     vs, V, n_live = _live_width(local_logits, vocab_start, vocab_size)
     if _world(group, device) == 1:
         _whole(local_logits, vs, V)

@@ -353,9 +353,12 @@ def _block_b(cfg_block_b: int, B: int) -> int:
 
 
 def constraint(config: dict, key: dict) -> bool:
-    """1 to 32 pages a thread and at most 16 requests a thread in the prefix loops (no
-    register spills on sm_90); SPLIT at most the tiles rounded up to a power of two and
-    BLOCK_B no larger than the batch needs (larger ones run exactly like a smaller one)."""
+    """The tuner's prune, for performance only (SPLIT and BLOCK_B are clamped to the call
+    and every config of SPACE gives the same bits), so an explicit config need only be
+    in SPACE. 1 to 32 pages a thread and at most 16 requests a thread in the prefix
+    loops (no register spills on sm_90); SPLIT at most the tiles rounded up to a power
+    of two and BLOCK_B no larger than the batch needs (larger ones run exactly like a
+    smaller one)."""
     lanes = 32 * config["num_warps"]
     if not lanes <= config["BLOCK_P"] <= 32 * lanes:
         return False
@@ -385,7 +388,7 @@ def tune_key(layout: str, page_size: int, B: int, max_pages: int) -> dict:
             "max_pages": int(max_pages)}
 
 
-def resolve_config(config, key, device) -> dict:
+def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
 
 
@@ -404,9 +407,9 @@ def _validate(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, w
               max_pages, layout):
     C.check_tensor("req_pool_indices", req_pool_indices, dtypes=C.INDEX_DTYPES, ndim=1)
     dev = req_pool_indices.device
-    C.check_runnable("req_pool_indices", req_pool_indices)
     C.check_tensor("seq_lens", seq_lens, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
     C.check_tensor("req_to_token", req_to_token, dtypes=(torch.int32,), ndim=2, device=dev)
+    C.check_runnable("req_pool_indices", req_pool_indices)   # mixed devices: ValueError
     if seq_lens.shape != req_pool_indices.shape:
         raise ValueError(f"seq_lens: expected shape {tuple(req_pool_indices.shape)} (that of "
                          f"req_pool_indices), got {tuple(seq_lens.shape)}")
@@ -431,7 +434,7 @@ def _validate(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, w
     return dev, B, Cap, mp
 
 
-def _outputs(out, layout, B, N, mp, dev) -> dict:
+def _outputs(out, layout, B, N, mp, dev) -> tuple[dict, list]:
     shapes = {"positions": ((B * N,), torch.int64), "out_cache_loc": ((B * N,), torch.int64),
               "seqlens_k": ((B,), torch.int32), "cu_seqlens_q": ((B + 1,), torch.int32),
               "cu_seqlens_k": ((B + 1,), torch.int32), "max_seqlen_k": ((1,), torch.int32),
@@ -443,6 +446,7 @@ def _outputs(out, layout, B, N, mp, dev) -> dict:
                         f"be None) or None, got {type(out).__name__}")
     want = _fields(layout)
     res = {}
+    given = []                           # (name, buffer) of the out= buffers passed
     for f in VerifyMetadata._fields:
         buf = None if out is None else getattr(out, f)
         if f not in want:
@@ -455,12 +459,15 @@ def _outputs(out, layout, B, N, mp, dev) -> dict:
             buf = torch.empty(shape, dtype=dtype, device=dev)
         else:
             C.check_out(f"out.{f}", buf, shape, dtype, dev)
+            given.append((f"out.{f}", buf))
         res[f] = buf
-    return res
+    return res, given
 
 
-def launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, N, page_size, window,
-                           mp, layout, o: dict, cfg: dict) -> None:
+def launch_verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                           req_to_token: torch.Tensor, N: int, page_size: int,
+                           window: int | None, mp: int, layout: str, o: dict,
+                           cfg: dict) -> None:
     """Launch on validated inputs and output buffers `o` (a field -> tensor dict)."""
     B = req_pool_indices.shape[0]
     P, Cap = req_to_token.shape
@@ -503,7 +510,10 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     """
     dev, B, Cap, mp = _validate(req_pool_indices, seq_lens, req_to_token, num_tokens,
                                 page_size, window, max_pages, layout)
-    o = _outputs(out, layout, B, num_tokens, mp, dev)
+    o, given = _outputs(out, layout, B, num_tokens, mp, dev)
+    if given:                            # out= buffers share no memory with the inputs
+        C.check_no_overlap(given, (("req_pool_indices", req_pool_indices),
+                                   ("seq_lens", seq_lens), ("req_to_token", req_to_token)))
     cfg = resolve_config(config, tune_key(layout, page_size, B, mp), dev)
     launch_verify_metadata(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size,
                            window, mp, layout, o, cfg)

@@ -1,4 +1,5 @@
 """Small shared test utilities."""
+import pytest
 import torch
 from conftest import ON_GPU  # noqa: F401  (re-exported)
 
@@ -15,6 +16,28 @@ class CountingKernel:
     def __getitem__(self, grid):
         self.launches += 1
         return self.kernel[grid]
+
+
+def bad(case_id, call, exc, match):
+    """A row of a bad-input table: `call(device)` raises `exc` whose message matches the
+    regex `match` (which names the argument or config key)."""
+    return pytest.param(call, exc, match, id=case_id)
+
+
+def bad_inputs_test(table):
+    """The test of a bad-input table (rows from `bad`): each call raises as its row says.
+    A module binds it as `test_bad_inputs = bad_inputs_test(BAD)`."""
+    @pytest.mark.parametrize("call,exc,match", table)
+    def test_bad_inputs(device, call, exc, match):
+        with pytest.raises(exc, match=match):
+            call(device)
+    return test_bad_inputs
+
+
+def int64_alias(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A contiguous int64 [n] over the first 8n bytes of t (contiguous): an out= buffer
+    that shares memory with t."""
+    return t.reshape(-1).view(torch.int8)[:8 * n].view(torch.int64)
 
 
 def assert_equal(got, want, what=""):

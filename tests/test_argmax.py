@@ -3,7 +3,15 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
+from helpers import (
+    ON_GPU,
+    assert_equal,
+    bad,
+    bad_inputs_test,
+    hard_logits,
+    int64_alias,
+    sample_configs,
+)
 
 import recipes
 
@@ -101,6 +109,49 @@ def test_errors(device):
         recipes.argmax(x, config={"BLOCK": 3})
     with pytest.raises(ValueError, match="vocabulary.*got 0"):
         recipes.argmax(torch.empty(2, 0, device=device))
+
+
+def _x(dev):
+    return torch.randn(4, 50, device=dev)
+
+
+BAD = [
+    bad("BLOCK_V=3", lambda d: recipes.argmax(_x(d), config={"BLOCK_V": 3}), ValueError,
+        r"config\['BLOCK_V'\]: expected one of \(1024, 2048, 4096, 8192\).*got 3"),
+    bad("SPLIT=0", lambda d: recipes.argmax(_x(d), config={"SPLIT": 0}), ValueError,
+        r"config\['SPLIT'\]: expected one of \(1, 2, .*128\).*got 0"),
+    bad("num_warps=3", lambda d: recipes.argmax(_x(d), config={"num_warps": 3}), ValueError,
+        r"config\['num_warps'\]: expected one of \(4, 8, 16\).*got 3"),
+    bad("BLOCK_V float", lambda d: recipes.argmax(_x(d), config={"BLOCK_V": 1024.0}),
+        ValueError, r"config\['BLOCK_V'\].*got 1024.0"),
+    bad("UNROLL bool", lambda d: recipes.argmax(_x(d), config={"UNROLL": True}), ValueError,
+        r"config\['UNROLL'\].*\(1, 2\).*got True"),
+    bad("num_stages=2", lambda d: recipes.argmax(_x(d), config={"num_stages": 2}),
+        ValueError, r"config\['num_stages'\].*\(1,\).*got 2"),
+    bad("config list", lambda d: recipes.argmax(_x(d), config=[("SPLIT", 1)]), TypeError,
+        "config: expected a dict.*got list"),
+    bad("out aliases logits", lambda d: (lambda x: recipes.argmax(x, out=int64_alias(x, 4)))(
+        _x(d)), ValueError, "out: expected a tensor that shares no memory with logits"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_pruned_configs_and_disjoint_views_run(device):
+    """The constraint only prunes the tuner's search: an in-space config it rejects
+    (BLOCK_V < 4 elements a thread, SPLIT past the tiles) gives the same bits; an out=
+    in the same allocation as the logits but past their bytes is no overlap."""
+    x = hard_logits(4, 50, torch.float32, device)
+    cfg = {"BLOCK_V": 1024, "SPLIT": 128, "num_warps": 16, "UNROLL": 2}
+    assert not A.constraint({**SMALL, **cfg}, A.tune_key(x.dtype, 50, 4))
+    assert_equal(recipes.argmax(x, config=cfg), torch.argmax(x, 1), "pruned config")
+    buf = torch.empty(4 * 50 + 8, device=device)
+    y = buf[:200].view(4, 50)
+    y.copy_(x)
+    out = buf[200:].view(torch.int64)
+    assert recipes.argmax(y, out=out) is out
+    assert_equal(out, torch.argmax(x, 1), "out= right after the logits")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")

@@ -3,7 +3,16 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, drafts_around, hard_logits, sample_configs
+from helpers import (
+    ON_GPU,
+    assert_equal,
+    bad,
+    bad_inputs_test,
+    drafts_around,
+    hard_logits,
+    int64_alias,
+    sample_configs,
+)
 
 import recipes
 
@@ -109,11 +118,85 @@ def test_errors(device):
         bad = recipes.VerifyResult(torch.empty(2, 3, dtype=torch.int32, device=device),
                                    *recipes.chain_verify(x, d)[1:])
         recipes.chain_verify(x, d, out=bad)
-    with pytest.raises(ValueError, match="logits: expected a tensor on meta.*got one on"):
-        recipes.chain_verify(x, d.to("meta"))
-    if ON_GPU:
-        with pytest.raises(ValueError, match="logits.*cuda.*cpu"):
-            recipes.chain_verify(x.cpu(), d)
+
+
+def _args(dev):
+    """logits [8, 50], drafts [2, 3] and out= buffers of the right shapes."""
+    x = torch.randn(8, 50, device=dev)
+    d = torch.zeros(2, 3, dtype=torch.int64, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    out = recipes.VerifyResult(torch.empty(2, 4, **i32), torch.empty(2, **i32),
+                               torch.empty(2, **i32), torch.empty(2, dtype=torch.int64,
+                                                                  device=dev))
+    return x, d, out
+
+
+def _sampled(dev, kw):
+    """A sampled call on `_args`, with kw(out, seeds) as extra keyword arguments."""
+    x, d, out = _args(dev)
+    s = torch.zeros(2, dtype=torch.int64, device=dev)
+    return recipes.chain_verify(x, d, temperature=torch.ones(2, device=dev), seeds=s,
+                                positions=s.clone(), **kw(out, s))
+
+
+def _cv(build):
+    """A call on `_args`: build(x, d, out) -> (args, kwargs) of chain_verify."""
+    def call(dev):
+        a, k = build(*_args(dev))
+        return recipes.chain_verify(*a, **k)
+    return call
+
+
+BAD = [
+    bad("draft_tokens device", _cv(lambda x, d, o: ((x, d.to("meta")), {})), ValueError,
+        r"draft_tokens: expected a tensor on .* \(the device of the first tensor "
+        r"argument\), got one on meta"),
+    pytest.param(_cv(lambda x, d, o: ((x.cpu(), d), {})), ValueError,
+                 r"draft_tokens: expected a tensor on cpu.*got one on cuda",
+                 id="draft_tokens on cuda, logits on cpu",
+                 marks=pytest.mark.skipif(not ON_GPU, reason="two devices")),
+    bad("seeds alone", _cv(lambda x, d, o: ((x, d), {"seeds": d[:, 0]})), ValueError,
+        "seeds: expected None without temperature"),
+    bad("positions alone", _cv(lambda x, d, o: ((x, d), {"positions": d[:, 0]})),
+        ValueError, "positions: expected None without temperature"),
+    bad("BLOCK_V=3", _cv(lambda x, d, o: ((x, d), {"config": {"BLOCK_V": 3}})), ValueError,
+        r"config\['BLOCK_V'\]: expected one of \(1024, .*got 3"),
+    bad("SPLIT=0", _cv(lambda x, d, o: ((x, d), {"config": {"SPLIT": 0}})), ValueError,
+        r"config\['SPLIT'\].*got 0"),
+    bad("num_warps=3", _cv(lambda x, d, o: ((x, d), {"config": {"num_warps": 3}})),
+        ValueError, r"config\['num_warps'\].*\(4, 8, 16\).*got 3"),
+    bad("EXACT=2", _cv(lambda x, d, o: ((x, d), {"config": {"EXACT": 2}})), ValueError,
+        r"config\['EXACT'\].*\(0, 1\).*got 2"),
+    bad("out.bonus is out.accept_len",
+        _cv(lambda x, d, o: ((x, d), {"out": o._replace(bonus=o.accept_len)})), ValueError,
+        r"out\.(accept_len|bonus): expected a tensor that shares no memory with "
+        r"out\.(accept_len|bonus)"),
+    bad("out.tokens over draft_tokens",
+        _cv(lambda x, d, o: ((x, d), {"out": o._replace(
+            tokens=d.reshape(-1).view(torch.int32)[:8].view(2, 4))})), ValueError,
+        "out.tokens: expected a tensor that shares no memory with draft_tokens"),
+    bad("out.select_index over logits",
+        _cv(lambda x, d, o: ((x, d), {"out": o._replace(select_index=int64_alias(x, 2))})),
+        ValueError, "out.select_index: expected a tensor that shares no memory with logits"),
+    bad("out.select_index is seeds",
+        lambda dev: _sampled(dev, lambda o, s: {"out": o._replace(select_index=s)}),
+        ValueError, "out.select_index: expected a tensor that shares no memory with seeds"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_pruned_config_runs(device):
+    """The constraint only prunes the tuner's search: EXACT=1 (never tuned) and a tile of
+    fewer than 4 elements a thread with SPLIT past the tiles give the same bits."""
+    B, K, V = 3, 2, 700
+    x = hard_logits(B * (K + 1), V, torch.bfloat16, device, seed=3)
+    d = drafts_for(x, B, K, seed=3)
+    cfg = {"BLOCK_V": 1024, "SPLIT": 128, "num_warps": 16, "num_stages": 1, "UNROLL": 2,
+           "EXACT": 1}
+    assert not CV.constraint(cfg, CV.tune_key(x.dtype, V, B, K))
+    check(x, d, cfgs=(cfg,))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")

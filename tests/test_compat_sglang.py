@@ -19,7 +19,15 @@ import inspect
 import pytest
 import torch
 import triton
-from helpers import ON_GPU, assert_equal, drafts_around, hard_logits, sample_configs
+from helpers import (
+    ON_GPU,
+    assert_equal,
+    bad,
+    bad_inputs_test,
+    drafts_around,
+    hard_logits,
+    sample_configs,
+)
 
 import recipes
 from recipes import _common as C
@@ -314,6 +322,68 @@ def test_draft_extend_empty(device):
         x, rows, hidden_states=torch.zeros(4, 8, device=device),
         dsa_topk_indices=torch.zeros(4, 3, dtype=torch.int32, device=device))
     assert p.shape == (0, 1) and i.shape == (0, 1) and h.shape == (0, 8) and d.shape == (0, 3)
+
+
+# --- bad inputs ---------------------------------------------------------------------------
+def _verify_args(dev):
+    x = torch.zeros(6, 10, device=dev)
+    cand = torch.zeros(2, 3, dtype=torch.int64, device=dev)
+    ridx, rnext = chain_layout(2, 3, dev)
+    return x, cand, ridx, rnext, torch.zeros(2, dtype=torch.int64, device=dev)
+
+
+def _on_meta(args, i):
+    return args[:i] + (args[i].to("meta"),) + args[i + 1:]
+
+
+def _draft(dev):
+    """draft_topk1 with positions the very column of draft_tokens it writes."""
+    x = torch.randn(4, 10, device=dev)
+    dt = torch.zeros(4, 3, dtype=torch.int64, device=dev)
+    return S.draft_topk1_postprocess(x, dt[:, 1], dt, 1)
+
+
+def _extend(dev, which):
+    """draft_extend with one of row_indices/hidden_states/dsa_topk_indices on meta."""
+    args = [torch.randn(4, 10, device=dev), torch.tensor([0, 2], device=dev),
+            torch.zeros(4, 8, device=dev), torch.zeros(4, 3, dtype=torch.int32, device=dev)]
+    args[which] = args[which].to("meta")
+    return S.draft_extend_topk1_postprocess(*args)
+
+
+FIRST = r"expected a tensor on .* \(the device of the first tensor argument\), got one on meta"
+BAD = [
+    bad("candidates device",
+        lambda d: S.target_verify_topk1_postprocess(*_on_meta(_verify_args(d), 1)),
+        ValueError, "candidates: " + FIRST),
+    bad("seq_lens device",
+        lambda d: S.target_verify_topk1_postprocess(*_on_meta(_verify_args(d), 4)),
+        ValueError, "seq_lens: " + FIRST),
+    bad("row_indices device", lambda d: _extend(d, 1), ValueError, "row_indices: " + FIRST),
+    bad("hidden_states device", lambda d: _extend(d, 2), ValueError,
+        "hidden_states: " + FIRST),
+    bad("dsa_topk_indices device", lambda d: _extend(d, 3), ValueError,
+        "dsa_topk_indices: " + FIRST),
+    bad("draft logits dtype", lambda d: S.draft_topk1_postprocess(
+        torch.zeros(4, 10, dtype=torch.int64, device=d), torch.zeros(4, dtype=torch.int64,
+                                                                    device=d)),
+        TypeError, "next_token_logits: expected dtype float16/bfloat16/float32"),
+    bad("positions the written column", _draft, ValueError,
+        "draft_tokens: expected a tensor that shares no memory with positions"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_draft_column_without_draft_tokens_is_sglangs(device):
+    """SGLang's EAGLE worker passes the step's column also when it keeps no chain buffer
+    (draft_tokens None): the column is then unused, as in SGLang."""
+    x, top = unique_max_logits(3, 700, torch.float32, device, seed=2)
+    pos = torch.zeros(3, dtype=torch.int64, device=device)
+    p, i = S.draft_topk1_postprocess(x, pos, None, 3)
+    assert_equal(i[:, 0], top.to(device), "topk_index")
+    assert_equal(pos, torch.ones_like(pos), "positions")
 
 
 # --- the signatures are SGLang's ----------------------------------------------------------

@@ -4,7 +4,15 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, CountingKernel, capture, sample_configs
+from helpers import (
+    ON_GPU,
+    CountingKernel,
+    assert_equal,
+    bad,
+    bad_inputs_test,
+    capture,
+    sample_configs,
+)
 
 import recipes
 
@@ -194,6 +202,52 @@ def test_errors(device):
     if ON_GPU:
         with pytest.raises(ValueError, match="pairs\\[0\\] src.*cuda.*cpu"):
             cp([(a, a.cpu())])
+
+
+def _cp(build):
+    """A call on a buffer of 12 float32: build(buf) -> (pairs, config)."""
+    def call(dev):
+        pairs, cfg = build(torch.zeros(12, device=dev))
+        return recipes.copy_inputs(pairs, config=cfg)
+    return call
+
+
+BAD = [
+    bad("BLOCK=100", _cp(lambda b: ([(b[:4], b[4:8])], {"BLOCK": 100})), ValueError,
+        r"config\['BLOCK'\]: expected one of \(64, 128, .*4096\).*got 100"),
+    bad("TILES=3", _cp(lambda b: ([(b[:4], b[4:8])], {"TILES": 3})), ValueError,
+        r"config\['TILES'\].*\(1, 2, 4, 8\).*got 3"),
+    bad("num_warps=32", _cp(lambda b: ([(b[:4], b[4:8])], {"num_warps": 32})), ValueError,
+        r"config\['num_warps'\].*got 32"),
+    bad("num_stages=2", _cp(lambda b: ([(b[:4], b[4:8])], {"num_stages": 2})), ValueError,
+        r"config\['num_stages'\].*\(1,\).*got 2"),
+    bad("dst is its src", _cp(lambda b: ([(b[:4], b[:4])], None)), ValueError,
+        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
+    bad("dst half over its src", _cp(lambda b: ([(b[2:6], b[:4])], None)), ValueError,
+        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
+    bad("two dsts overlap", _cp(lambda b: ([(b[:4], b[8:12]), (b[2:6], b[8:12])], None)),
+        ValueError, r"pairs\[0\] dst: expected a tensor that shares no memory with "
+        r"pairs\[1\] dst"),
+    bad("dst is another pair's src", _cp(lambda b: ([(b[:4], b[4:8]), (b[8:12], b[:4])],
+                                                    None)), ValueError,
+        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[1\] src"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_pruned_config_shared_src_and_adjacent_pairs(device):
+    """The constraint only prunes the tuner's search: a 64-unit tile on 16 warps (under
+    one unit a thread) copies the same bits. One src copied to two dsts, and pairs side
+    by side in one allocation, are no overlap."""
+    cfg = {"BLOCK": 64, "TILES": 8, "num_warps": 16, "num_stages": 1}
+    assert not CI.constraint(cfg, CI.tune_key(3, 40))
+    buf = torch.zeros(30, device=device)
+    src = torch.arange(10, dtype=torch.float32, device=device)
+    recipes.copy_inputs([(buf[:10], src), (buf[10:20], src), (buf[20:], src + 1)],
+                        config=cfg)
+    assert_equal(buf, torch.cat([src, src, src + 1]), "adjacent dsts")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

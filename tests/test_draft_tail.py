@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, hard_logits, sample_configs
+from helpers import ON_GPU, assert_equal, bad, bad_inputs_test, hard_logits, sample_configs
 
 import recipes
 from recipes import _common as C
@@ -16,10 +16,10 @@ from recipes import _common as C
 M = importlib.import_module("recipes.draft_tail")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 512, "num_warps": 4,
+SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 2048, "num_warps": 4,
          "num_stages": 1, "FUSE_H": 0}
 CONFIGS = (None, SMALL, {**SMALL, "SPLIT": 1, "UNROLL": 2},
-           {**SMALL, "BLOCK_V": 1024, "SPLIT": 256, "BLOCK_H": 1024, "num_warps": 8},
+           {**SMALL, "BLOCK_V": 1024, "SPLIT": 128, "BLOCK_H": 4096, "num_warps": 8},
            {**SMALL, "FUSE_H": 1}, {**SMALL, "SPLIT": 1, "UNROLL": 2, "FUSE_H": 1},
            {**SMALL, "BLOCK_V": 256, "SPLIT": 8, "num_warps": 1, "FUSE_H": 1})
 POISON_TOKEN = -7
@@ -45,8 +45,9 @@ def a_map(V, dtype, device, seed=0):
 
 
 def run_and_check(x, *, rows=None, hidden=None, token_map=None, positions=True,
-                  draft_tokens=None, column=0, config=None, use_out=True, what=""):
-    """Call draft_tail with poisoned outputs and compare everything with the reference."""
+                  draft_tokens=None, column=None, config=None, use_out=True, what=""):
+    """Call draft_tail with poisoned outputs and compare everything with the reference
+    (`column` is passed only when given: alone, without draft_tokens, it is an error)."""
     dev = x.device
     B = x.shape[0] if rows is None else rows.shape[0]
     pos = None
@@ -56,7 +57,8 @@ def run_and_check(x, *, rows=None, hidden=None, token_map=None, positions=True,
         pos = positions
     dt_ref = None if draft_tokens is None else draft_tokens.clone()
     pos_ref = None if pos is None else pos.clone()
-    want = M.reference(x, rows, hidden, token_map, pos_ref, dt_ref, column)
+    want = M.reference(x, rows, hidden, token_map, pos_ref, dt_ref,
+                       0 if column is None else column)
     out = None
     if use_out:
         out = recipes.DraftTail(
@@ -64,8 +66,9 @@ def run_and_check(x, *, rows=None, hidden=None, token_map=None, positions=True,
             torch.full((B,), float("nan"), dtype=torch.float32, device=dev),
             None if hidden is None else torch.full((B, hidden.shape[1]), 7, device=dev,
                                                    dtype=hidden.dtype))
+    kw = {} if column is None else {"column": column}
     got = recipes.draft_tail(x, rows=rows, hidden=hidden, token_map=token_map, positions=pos,
-                             draft_tokens=draft_tokens, column=column, out=out, config=config)
+                             draft_tokens=draft_tokens, out=out, config=config, **kw)
     assert isinstance(got, recipes.DraftTail)
     if out is not None:
         for o, g in zip(out, got, strict=True):
@@ -94,7 +97,7 @@ def test_hard_inputs(device, dtype, V):
     B = rows.shape[0]
     hidden = hard_hidden(R, 300, dtype, device, seed=V)
     tmap = a_map(V, torch.int32 if V % 2 else torch.int64, device, seed=V)
-    extra = ({**SMALL, "SPLIT": 2, "UNROLL": 2, "BLOCK_H": 1024},) if V > 4096 else ()
+    extra = ({**SMALL, "SPLIT": 2, "UNROLL": 2, "BLOCK_H": 4096},) if V > 4096 else ()
     for cfg in CONFIGS + extra:
         dt = torch.full((B, 3), -5, dtype=torch.int64, device=device)
         run_and_check(x, rows=rows, hidden=hidden, token_map=tmap, draft_tokens=dt,
@@ -177,7 +180,7 @@ def test_hidden_real_size(device, dtype):
     hbase = hard_hidden(R, H + 64, dtype, device, seed=1)
     h = hbase[:, 32:32 + H]
     rows = torch.tensor([5, 0, 2, 2, 1], device=device)
-    for cfg in (None, SMALL, {**SMALL, "BLOCK_H": 1024, "num_warps": 2},
+    for cfg in (None, SMALL, {**SMALL, "num_warps": 2},
                 {**SMALL, "BLOCK_H": 2048, "SPLIT": 8},
                 {**SMALL, "BLOCK_H": 4096, "num_warps": 8, "BLOCK_V": 1024},
                 {**SMALL, "BLOCK_H": 8192, "num_warps": 16, "BLOCK_V": 2048, "SPLIT": 1}):
@@ -384,6 +387,80 @@ def test_errors(device):
         recipes.draft_tail(x, config={"BLOCK": 3})
     with pytest.raises(ValueError, match="rows: expected a tensor on .*got one on meta"):
         recipes.draft_tail(x, rows=rows.to("meta"))
+
+
+def _dt(build):
+    """A call on logits [4, 10] (every row: B = 4): build(x, i64) -> draft_tail kwargs."""
+    def call(dev):
+        x = torch.randn(4, 10, device=dev)
+        return recipes.draft_tail(x, **build(x, dict(dtype=torch.int64, device=dev)))
+    return call
+
+
+def _col(x, i64):
+    """positions and draft_tokens as two columns of one [4, 3] buffer."""
+    buf = torch.zeros(4, 3, **i64)
+    return {"positions": buf[:, 1], "draft_tokens": buf, "column": 1}
+
+
+BAD = [
+    bad("column alone", _dt(lambda x, i64: {"column": 0}), ValueError,
+        "column: expected only with draft_tokens.*got column=0 without draft_tokens"),
+    bad("column with positions only",
+        _dt(lambda x, i64: {"positions": torch.zeros(4, **i64), "column": 2}), ValueError,
+        "column: expected only with draft_tokens.*got column=2"),
+    bad("BLOCK_V=3", _dt(lambda x, i64: {"config": {"BLOCK_V": 3}}), ValueError,
+        r"config\['BLOCK_V'\]: expected one of \(256, 512, .*16384\).*got 3"),
+    bad("SPLIT=256", _dt(lambda x, i64: {"config": {"SPLIT": 256}}), ValueError,
+        r"config\['SPLIT'\].*got 256"),
+    bad("num_warps=3", _dt(lambda x, i64: {"config": {"num_warps": 3}}), ValueError,
+        r"config\['num_warps'\].*\(1, 2, 4, 8, 16\).*got 3"),
+    bad("BLOCK_H=512", _dt(lambda x, i64: {"config": {"BLOCK_H": 512}}), ValueError,
+        r"config\['BLOCK_H'\].*\(2048, 4096, 8192\).*got 512"),
+    bad("FUSE_H=2", _dt(lambda x, i64: {"config": {"FUSE_H": 2}}), ValueError,
+        r"config\['FUSE_H'\].*\(0, 1\).*got 2"),
+    bad("positions is out.tokens",
+        _dt(lambda x, i64: (lambda p: {"positions": p, "out": (p, None, None)})(
+            torch.zeros(4, **i64))), ValueError,
+        "out.tokens: expected a tensor that shares no memory with positions"),
+    bad("positions a column of draft_tokens", _dt(_col), ValueError,
+        "draft_tokens: expected a tensor that shares no memory with positions"),
+    bad("out.probs over logits", _dt(lambda x, i64: {"out": (None, x[0, :4], None)}),
+        ValueError, "out.probs: expected a tensor that shares no memory with logits"),
+    bad("out.hidden is hidden",
+        _dt(lambda x, i64: (lambda h: {"hidden": h, "out": (None, None, h)})(
+            torch.zeros(4, 8, device=x.device))), ValueError,
+        "out.hidden: expected a tensor that shares no memory with hidden"),
+    bad("draft_tokens over token_map",
+        _dt(lambda x, i64: (lambda m: {"token_map": m, "draft_tokens": m[:8].view(4, 2)})(
+            torch.zeros(10, **i64))), ValueError,
+        "draft_tokens: expected a tensor that shares no memory with token_map"),
+    bad("positions is rows",
+        _dt(lambda x, i64: (lambda r: {"rows": r, "positions": r})(torch.zeros(4, **i64))),
+        ValueError, "positions: expected a tensor that shares no memory with rows"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_pruned_config_and_disjoint_buffers_run(device):
+    """The constraint only prunes the tuner's search: an in-space config it rejects
+    (sub-1024 tiles on 16 warps at B > 8, SPLIT past the tiles, a fused copy with no
+    hidden rows) gives the same bits. positions and the out= tokens in one allocation,
+    side by side, do not overlap."""
+    B, V = 9, 700
+    x = hard_logits(B, V, torch.float32, device, seed=8)
+    cfg = {"BLOCK_V": 256, "SPLIT": 128, "UNROLL": 2, "num_warps": 16, "num_stages": 1,
+           "BLOCK_H": 8192, "FUSE_H": 1}
+    assert not M.constraint(cfg, M.tune_key(x.dtype, V, B, 0))
+    run_and_check(x, config=cfg, what="pruned config")
+    buf = torch.zeros(2 * B, dtype=torch.int64, device=device)
+    pos, tok = buf[:B], buf[B:]
+    got = recipes.draft_tail(x, positions=pos, out=(tok, None, None))
+    assert got.tokens is tok
+    assert_equal(tok, torch.argmax(x, 1), "tokens next to positions")
+    assert_equal(pos, torch.ones(B, dtype=torch.int64, device=device), "positions")
 
 
 # --- GPU only --------------------------------------------------------------------------

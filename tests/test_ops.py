@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal
+from helpers import ON_GPU, assert_equal, bad, bad_inputs_test
 
 import recipes
 from recipes import ops
@@ -242,6 +242,43 @@ def test_copy_inputs_op(device):
         torch.ops.spec_cookbook.copy_inputs(dsts[:1], srcs[:2])
     with pytest.raises(TypeError, match="pairs\\[0\\].*\\(dst, src\\) pair"):
         ops.copy_inputs([dsts[0]])
+
+
+# --- bad inputs through the ops -------------------------------------------------------
+def _i64(dev, *shape):
+    return torch.zeros(*shape, dtype=torch.int64, device=dev)
+
+
+COLUMN = "column: expected only with draft_tokens"
+BAD = [
+    bad("draft_tail column alone",
+        lambda d: ops.draft_tail(torch.randn(4, 10, device=d), column=1), ValueError, COLUMN),
+    bad("draft_tail column with positions only",
+        lambda d: ops.draft_tail(torch.randn(4, 10, device=d), positions=_i64(d, 4),
+                                 column=0), ValueError, COLUMN),
+    bad("draft_tail op column without draft_tokens",
+        lambda d: torch.ops.spec_cookbook.draft_tail(torch.randn(4, 10, device=d), None,
+                                                     None, None, _i64(d, 4), None, 2),
+        ValueError, COLUMN),
+    bad("draft_tail op positions in draft_tokens",
+        lambda d: (lambda dt: torch.ops.spec_cookbook.draft_tail(
+            torch.randn(4, 10, device=d), None, None, None, dt[:, 1], dt, 1))(_i64(d, 4, 3)),
+        ValueError, "draft_tokens: expected a tensor that shares no memory with positions"),
+    bad("chain_verify seeds alone",
+        lambda d: ops.chain_verify(torch.randn(8, 10, device=d), _i64(d, 2, 3),
+                                   seeds=_i64(d, 2)), ValueError,
+        "seeds: expected None without temperature"),
+    bad("relay_scatter one dst twice",
+        lambda d: (lambda p: ops.relay_scatter(_i64(d, 2), [(_i64(d, 2), p),
+                                                            (_i64(d, 2), p)]))(_i64(d, 5)),
+        ValueError, r"fields\[[01]\] dst: expected a tensor that shares no memory"),
+    bad("copy_inputs dst is src",
+        lambda d: (lambda a: ops.copy_inputs([(a, a)]))(_i64(d, 4)), ValueError,
+        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
 
 
 # --- CUDA graphs through torch.compile -------------------------------------------------

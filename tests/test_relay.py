@@ -3,7 +3,15 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, CountingKernel, assert_equal, capture, sample_configs
+from helpers import (
+    ON_GPU,
+    CountingKernel,
+    assert_equal,
+    bad,
+    bad_inputs_test,
+    capture,
+    sample_configs,
+)
 
 import recipes
 
@@ -417,10 +425,64 @@ def test_errors(device):
         sc(idx, [(a, p.to("meta"))])
     with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK_V"):
         sc(idx, [(a, p)], config={"BLOCK_V": 128})
-    with pytest.raises(ValueError, match="config.*BLOCK.*power of two.*100"):
-        sc(idx, [(a, p)], config={"BLOCK": 100})
     with pytest.raises(ValueError, match="mode.*scatter.*gather"):
         R.reference(idx, [(a, p)], "scatterr")
+
+
+def _rl(build, gather=False):
+    """A call on index [2] (slots 0, 1), a batch [2, 4] and a pool [5, 4]:
+    build(idx, a, p) -> (fields, config)."""
+    def call(dev):
+        idx = torch.tensor([0, 1], device=dev)
+        a, p = torch.zeros(2, 4, device=dev), torch.zeros(5, 4, device=dev)
+        fields, cfg = build(idx, a, p)
+        fn = recipes.relay_gather if gather else recipes.relay_scatter
+        return fn(idx, fields, config=cfg)
+    return call
+
+
+BAD = [
+    bad("BLOCK=100", _rl(lambda i, a, p: ([(a, p)], {"BLOCK": 100})), ValueError,
+        r"config\['BLOCK'\]: expected one of \(128, 256, .*8192\).*got 100"),
+    bad("ROWS=3", _rl(lambda i, a, p: ([(a, p)], {"ROWS": 3})), ValueError,
+        r"config\['ROWS'\].*\(1, 2, 4, 8, 16\).*got 3"),
+    bad("num_warps=16", _rl(lambda i, a, p: ([(a, p)], {"num_warps": 16})), ValueError,
+        r"config\['num_warps'\].*got 16"),
+    bad("SINGLE=2", _rl(lambda i, a, p: ([(a, p)], {"SINGLE": 2})), ValueError,
+        r"config\['SINGLE'\].*\(0, 1\).*got 2"),
+    bad("one dst in two fields", _rl(lambda i, a, p: ([(a, p), (a.clone(), p)], None)),
+        ValueError, r"fields\[[01]\] dst: expected a tensor that shares no memory with "
+        r"fields\[[01]\] dst"),
+    bad("gather dst inside its src", _rl(lambda i, a, p: ([(p, p[:2])], None), gather=True),
+        ValueError, r"fields\[0\] dst: expected a tensor that shares no memory with "
+        r"fields\[0\] src"),
+    bad("dst over another field's src",
+        _rl(lambda i, a, p: ([(a, p), (p[:2], torch.zeros_like(p))], None)), ValueError,
+        r"fields\[0\] dst: expected a tensor that shares no memory with fields\[1\] src"),
+    bad("dst over the index", lambda dev: (lambda pool: recipes.relay_scatter(
+        pool[:2], [(torch.zeros(2, dtype=torch.int64, device=dev), pool)]))(
+        torch.zeros(5, dtype=torch.int64, device=dev)), ValueError,
+        r"fields\[0\] dst: expected a tensor that shares no memory with index"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+@pytest.mark.parametrize("mode", ["scatter", "gather"])
+def test_pruned_config_shared_src_and_adjacent_dsts(device, mode):
+    """The constraint only prunes the tuner's search: SINGLE=1 at B > 1, ROWS past the
+    batch and 1-element-a-thread tiles give the same bits. One src read by two fields,
+    and two dsts side by side in one allocation, are no overlap."""
+    B, P, W = 3, 5, 6
+    index = slots(B, P, torch.int64, device, seed=2)
+    cfg = {"BLOCK": 8192, "ROWS": 16, "num_warps": 8, "SINGLE": 1}
+    assert not R.constraint(cfg, R.tune_key(mode, B, W, 2))
+    n_src, n_dst = (B, P) if mode == "scatter" else (P, B)
+    src = hard((n_src, W), torch.float32, 5).to(device)
+    both = poison((2 * n_dst, W), torch.float32, device)
+    check(mode, index, [(src, both[:n_dst]), (src, both[n_dst:])], config=cfg,
+          what="shared src, adjacent dsts")
 
 
 def test_validation_cache_never_hides_errors(device):

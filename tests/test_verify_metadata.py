@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, capture, sample_configs
+from helpers import ON_GPU, assert_equal, bad, bad_inputs_test, capture, sample_configs
 
 import recipes
 from recipes import VerifyMetadata
@@ -299,6 +299,63 @@ def test_errors(device):
     if ON_GPU:
         with pytest.raises(ValueError, match="seq_lens.*cuda.*cpu"):
             vm(**{**inp, "seq_lens": inp["seq_lens"].cpu()})
+
+
+def _vm(build, layout="both"):
+    """A call on B=2 requests, C=16, N=2, page_size 1 (page_table [2, 16]: req_to_token's
+    row shape): build(inp, want) -> arguments to override or add."""
+    def call(dev):
+        inp = make(dev, 2, 16, 2, page_size=1)
+        want = VM.reference(**inp, layout=layout)
+        return recipes.verify_metadata(**{**inp, **build(inp, want)}, layout=layout)
+    return call
+
+
+def _in_out(name, field):
+    """Input `name` [2] as the first half of the out= buffer `field` [4]."""
+    def build(inp, want):
+        buf = torch.zeros(4, dtype=torch.int64, device=inp[name].device)
+        buf[:2] = inp[name]
+        return {name: buf[:2], "out": VerifyMetadata(**{field: buf})}
+    return build
+
+
+BAD = [
+    bad("BLOCK_P=100", _vm(lambda i, w: {"config": {"BLOCK_P": 100}}), ValueError,
+        r"config\['BLOCK_P'\]: expected one of \(128, 256, .*4096\).*got 100"),
+    bad("SPLIT=512", _vm(lambda i, w: {"config": {"SPLIT": 512}}), ValueError,
+        r"config\['SPLIT'\].*256\).*got 512"),
+    bad("BLOCK_B=64", _vm(lambda i, w: {"config": {"BLOCK_B": 64}}), ValueError,
+        r"config\['BLOCK_B'\].*\(32, 128, 512, 2048\).*got 64"),
+    bad("num_warps=16", _vm(lambda i, w: {"config": {"num_warps": 16}}), ValueError,
+        r"config\['num_warps'\].*got 16"),
+    bad("out.seqlens_k is out.kv_last_page_len",
+        _vm(lambda i, w: {"out": VerifyMetadata(seqlens_k=w.seqlens_k,
+                                                kv_last_page_len=w.seqlens_k)}),
+        ValueError, r"out\.(seqlens_k|kv_last_page_len): expected a tensor that shares no "
+        r"memory with out\.(seqlens_k|kv_last_page_len)"),
+    bad("out.positions over seq_lens", _vm(_in_out("seq_lens", "positions")), ValueError,
+        "out.positions: expected a tensor that shares no memory with seq_lens"),
+    bad("out.out_cache_loc over req_pool_indices",
+        _vm(_in_out("req_pool_indices", "out_cache_loc")), ValueError,
+        "out.out_cache_loc: expected a tensor that shares no memory with req_pool_indices"),
+    bad("out.page_table is req_to_token rows",
+        _vm(lambda i, w: {"out": VerifyMetadata(page_table=i["req_to_token"][:2])}),
+        ValueError, "out.page_table: expected a tensor that shares no memory with "
+        "req_to_token"),
+]
+
+
+test_bad_inputs = bad_inputs_test(BAD)
+
+
+def test_pruned_config_runs(device):
+    """The constraint only prunes the tuner's search: more than 32 pages a thread, SPLIT
+    past the tiles and a BLOCK_B past the batch give the same bits."""
+    inp = make(device, 3, 64, 4, page_size=4)
+    cfg = {"BLOCK_P": 4096, "SPLIT": 256, "BLOCK_B": 2048, "num_warps": 1, "num_stages": 1}
+    assert not VM.constraint(cfg, VM.tune_key("both", 4, 3, 16))
+    check({**inp, "layout": "both"}, configs=(cfg,), what="pruned")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

@@ -34,7 +34,9 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
 * `draft_topk1_postprocess(next_token_logits [B, V], positions [B], draft_tokens=None,
   draft_token_column=0)` -> `(topk_p float32 [B, 1] all 1.0, topk_index int64 [B, 1])`;
   in place: `positions += 1`, `draft_tokens[:, draft_token_column] = topk_index[:, 0]`.
-  One launch (`draft_tail`).
+  Without `draft_tokens`, `draft_token_column` is not used (as in SGLang, whose EAGLE
+  worker passes the step's column whether or not it materialises the chain). One
+  launch (`draft_tail`).
 * `draft_extend_topk1_postprocess(next_token_logits [R, V], row_indices int64 [B],
   hidden_states=None, dsa_topk_indices=None)` -> `(topk_p [B, 1], topk_index [B, 1],
   hidden_states[row_indices] or None, dsa_topk_indices[row_indices] or None)`: the
@@ -65,7 +67,9 @@ Where the semantics differ from SGLang's (everything else is equal bit for bit):
   another layout gives the chain's answer, not the walk's.
 * Simulated acceptance (`num_simulated_accept_tokens > 0`, SGLang's benchmarking aid) is
   not modelled: it raises NotImplementedError.
-* Validation raises ValueError/TypeError naming the argument (SGLang asserts). Accepted
+* Validation raises ValueError/TypeError naming the argument (SGLang asserts); in-place
+  buffers (`positions`, `draft_tokens`) that share memory with each other or with the
+  logits raise ValueError (SGLang: unspecified results). Accepted
   beyond SGLang: CPU tensors under the Triton interpreter, int32 `candidates`, 3-D logits
   [B, N, V] for the verifier, negative `draft_token_column` (from the end), strided
   `seq_lens`/`positions`/`draft_tokens`. Narrower: `positions` must be int64.
@@ -111,14 +115,14 @@ class TargetVerifyTopk1Output(NamedTuple):
 def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_next_token,
                        seq_lens):
     """(B, N, logits stride per request, logits stride per row)."""
-    C.check_tensor("candidates", candidates, dtypes=C.INDEX_DTYPES, ndim=2)
-    dev = candidates.device
+    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES,
+                   ndim=(2, 3))
+    dev = next_token_logits.device
+    C.check_tensor("candidates", candidates, dtypes=C.INDEX_DTYPES, ndim=2, device=dev)
     B, N = candidates.shape
     if N < 1:
         raise ValueError(f"candidates: expected [B, N] with N >= 1 (the committed token "
                          f"and N-1 drafts), got shape {tuple(candidates.shape)}")
-    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES,
-                   ndim=(2, 3), device=dev)
     lead = tuple(next_token_logits.shape[:-1])
     if lead != (B * N,) and lead != (B, N):
         raise ValueError(f"next_token_logits: expected [B*N, V] = [{B * N}, V] (or "
@@ -184,8 +188,11 @@ def _row_source(name, t, R, device, dtypes):
     return t[:R]
 
 
-def target_verify_topk1_is_supported(next_token_logits, candidates, retrieve_index,
-                                     retrieve_next_token, seq_lens) -> bool:
+def target_verify_topk1_is_supported(next_token_logits: torch.Tensor,
+                                     candidates: torch.Tensor,
+                                     retrieve_index: torch.Tensor,
+                                     retrieve_next_token: torch.Tensor,
+                                     seq_lens: torch.Tensor) -> bool:
     """True when `target_verify_topk1_postprocess` accepts these tensors (shapes, dtypes,
     devices; values are never read). Unlike SGLang's, CPU tensors under the Triton
     interpreter are supported too."""
@@ -205,7 +212,7 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
                                     seq_lens: torch.Tensor, *,
                                     num_simulated_accept_tokens: int = 0,
                                     use_real_draft_tokens: bool = False,
-                                    out=None, config: dict | None = None
+                                    out: tuple | None = None, config: dict | None = None
                                     ) -> TargetVerifyTopk1Output:
     """Greedy top-1 verification of B chains of N = K+1 tokens, in one launch (see the
     module doc). out: a TargetVerifyTopk1Output (or 8-tuple) of preallocated fields."""
@@ -225,6 +232,10 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
         ("bonus_tokens", (B,), i32), ("new_seq_lens", (B,), seq_lens.dtype),
         ("select_index", (B,), i64), ("draft_tokens", (B * N,), i64)),
         dev, "a TargetVerifyTopk1Output"))
+    if out is not None:
+        C.check_no_overlap(zip((f"out.{f}" for f in res._fields), res, strict=True),
+                           [("next_token_logits", next_token_logits),
+                            ("candidates", candidates), ("seq_lens", seq_lens)])
     if B == 0:
         return res
     K, V = N - 1, next_token_logits.shape[-1]
@@ -240,19 +251,20 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
 
 def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Tensor,
                             draft_tokens: torch.Tensor | None = None,
-                            draft_token_column: int = 0, *, out=None,
-                            config: dict | None = None):
+                            draft_token_column: int = 0, *, out: tuple | None = None,
+                            config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax of each draft row; `positions += 1`; optionally
-    `draft_tokens[:, draft_token_column] = argmax`. Returns (topk_p float32 [B, 1] of
-    ones, topk_index int64 [B, 1]); out: that pair, preallocated."""
+    `draft_tokens[:, draft_token_column] = argmax` (the column is unused without
+    draft_tokens, as in SGLang). Returns (topk_p float32 [B, 1] of ones, topk_index
+    int64 [B, 1]); out: that pair, preallocated."""
     C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
     B = next_token_logits.shape[0]
     p, idx = _outputs(out, (("topk_p", (B, 1), torch.float32),
                             ("topk_index", (B, 1), torch.int64)),
                       next_token_logits.device, "a (topk_p, topk_index) pair")
+    column = {} if draft_tokens is None else {"column": draft_token_column}
     draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
-               column=draft_token_column, out=DraftTail(idx.view(-1), p.view(-1), None),
-               config=config)
+               out=DraftTail(idx.view(-1), p.view(-1), None), config=config, **column)
     return p, idx
 
 
@@ -260,7 +272,9 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
                                    row_indices: torch.Tensor,
                                    hidden_states: torch.Tensor | None = None,
                                    dsa_topk_indices: torch.Tensor | None = None, *,
-                                   out=None, config: dict | None = None):
+                                   out: tuple | None = None, config: dict | None = None
+                                   ) -> tuple[torch.Tensor, torch.Tensor,
+                                              torch.Tensor | None, torch.Tensor | None]:
     """Argmax of the selected rows `next_token_logits[row_indices]` (read in place) and the
     matching rows of `hidden_states` and `dsa_topk_indices`, in one launch. Returns
     (topk_p [B, 1], topk_index [B, 1], selected hidden [B, H] or None, selected dsa
@@ -284,6 +298,12 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
                                           ("topk_index", (B, 1), torch.int64), *side],
                                     dev, "a (topk_p, topk_index, hidden_states, "
                                     "dsa_topk_indices) tuple")
+    if out is not None:
+        C.check_no_overlap(
+            zip(("out.topk_p", "out.topk_index", "out.hidden_states", "out.dsa_topk_indices"),
+                (p, idx, h_out, d_out), strict=True),
+            [("next_token_logits", x), ("row_indices", row_indices),
+             ("hidden_states", hidden), ("dsa_topk_indices", dsa)])
     if B == 0:
         return p, idx, h_out, d_out
     H = 0 if hidden is None else hidden.shape[1]
