@@ -741,7 +741,7 @@ def run_bench(args, device) -> int:
         md += ["", "## Side stream (verify_metadata beside the draft forwards)", ""]
         md += [f"- {x}" for x in side]
     text = "\n".join(md) + "\n"
-    out = Path(args.out) if args.out else ROOT / "results" / _slug(device) / "spec-decode.md"
+    out = Path(args.out) if args.out else _results_dir(device) / "spec-decode.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)
@@ -749,9 +749,10 @@ def run_bench(args, device) -> int:
     return 0 if all("same tokens" in x for x in lossless) else 1
 
 
-def _slug(device) -> str:
-    from autotune.dispatch import gpu_slug
-    return gpu_slug(device)
+def _results_dir(device) -> Path:
+    """results/<gpu>/ where this user's results go (recipes.tables.results_root)."""
+    from recipes.tables import gpu_slug, results_root
+    return results_root() / gpu_slug(device)
 
 
 def main(argv=None) -> int:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from helpers import ON_GPU, assert_equal, hard_logits
 
 import recipes
+from recipes import _common as C
 from recipes import tp
 
 CV = importlib.import_module("recipes.chain_verify")
@@ -51,6 +52,9 @@ def run_group(world: int, device: str, scenarios: str, timeout: float = 300):
 
 # --- process groups ------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.skipif(C.interpreter_numpy_problem() is not None,
+                    reason="gloo ranks run the kernels under the Triton interpreter, which "
+                           "cannot run with this NumPy (the NCCL test covers GPUs)")
 @pytest.mark.parametrize("world", [2, 3])
 def test_gloo_group_equals_one_device(world):
     """Even and uneven shards (starts off multiples of 4, padding with +inf/NaN garbage,
@@ -198,7 +202,7 @@ def test_errors(device):
         tp.argmax(x, out=torch.empty(3, dtype=torch.int64, device=device), **kw)
     with pytest.raises(ValueError, match="group: expected None"):
         tp.argmax(x, group=object(), **kw)
-    with pytest.raises(ValueError, match="seeds: only has a meaning together with "
+    with pytest.raises(ValueError, match="seeds: expected None without "
                                          "temperature"):
         tp.chain_verify(x, d, seeds=d[:, 0], **kw)
     with pytest.raises(ValueError, match="positions: required when temperature"):
