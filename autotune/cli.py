@@ -1,7 +1,9 @@
 """`python -m autotune {tune,show,report,quality,bench}`.
 
-  tune     search the registered recipes' spaces per key; write results/<gpu>/<recipe>.json
-  show     print the tuned tables of this GPU (or --slug)
+  tune     measure the registered recipes' configs per key on this GPU; write
+           results/<gpu>/<recipe>.json and results/<gpu>/tune-report.json
+  show     print the last tune's report, which tables dispatch uses (and from where),
+           and the tuned tables of this GPU (or --slug)
   report   write results/<gpu>/tuning.md: every table as markdown (and print it)
   quality  exhaustive optimum vs the tuner's search; writes results/<gpu>/tuner-quality.md
   bench    the benchmark report (autotune.bench.main; arguments are passed through)
@@ -9,8 +11,12 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import time
 from pathlib import Path
+
+PROCESS_T0 = time.monotonic()      # the tune report's wall time counts from here
 
 
 def _csv(values) -> list[str]:
@@ -26,21 +32,19 @@ def _add_common(p: argparse.ArgumentParser, budget_help: str) -> None:
                         "registered)")
     p.add_argument("--preset", choices=("gpu", "smoke"),
                    help="key set of the recipes (default: gpu on CUDA, smoke on CPU)")
-    p.add_argument("--storage", metavar="URL",
-                   help="Optuna storage URL shared by all workers/hosts, e.g. "
-                        "postgresql+psycopg2://user@host/db (default: sqlite "
-                        "results/<gpu>/studies.db)")
+    p.add_argument("--storage", metavar="URL|FILE",
+                   help="Optuna study store: a SQLAlchemy URL (e.g. "
+                        "postgresql+psycopg2://user@host/db) or a journal file (default: "
+                        "results/<gpu>/studies.journal)")
     p.add_argument("--results", metavar="DIR", help="results root (default: ./results of "
                    "the repository, or $SPEC_COOKBOOK_RESULTS)")
     p.add_argument("--package", default="recipes",
                    help="package whose import registers the recipes (default: recipes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--frac", type=float, default=0.3,
-                   help="trials of a sampled key, as a fraction of its grid (default 0.3)")
     p.add_argument("--budget-s", type=float, metavar="S", help=budget_help)
-    p.add_argument("--precompile-threads", type=int, metavar="N",
-                   help="threads compiling configs ahead on a GPU host (default: up to 16; "
-                        "0: off)")
+    p.add_argument("--compile-workers", type=int, metavar="N",
+                   help="processes compiling Triton binaries ahead on a GPU host (default: "
+                        "the cores less one; 0: compile in the measuring process)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="report every pruned (failed to compile / out of resources) config")
@@ -75,20 +79,17 @@ def _overrides(a) -> dict:
 
 
 def _options(a):
-    from .tuner import Options
+    from .tune.options import Options
 
     return Options(
         recipes=_csv(a.recipe) or None, preset=a.preset,
         overrides=_overrides(a) if hasattr(a, "vocab") else {},
-        trials=getattr(a, "trials", None), frac=a.frac,
-        exhaustive=getattr(a, "exhaustive", False),
-        exhaustive_limit=getattr(a, "exhaustive_limit", None),
+        trials=getattr(a, "trials", None), exhaustive=getattr(a, "exhaustive", False),
         workers=getattr(a, "workers", 1), storage=a.storage, budget_s=a.budget_s,
-        seed=a.seed, top=getattr(a, "top", 3), results=a.results, package=a.package,
-        progress=not a.no_progress, precompile_threads=a.precompile_threads,
+        seed=a.seed, top=getattr(a, "top", 2), results=a.results, package=a.package,
+        progress=not a.no_progress, compile_workers=a.compile_workers,
         search_reps=getattr(a, "search_reps", None),
-        final_reps=getattr(a, "final_reps", None), verbose=a.verbose,
-        heartbeat_s=getattr(a, "heartbeat_s", None), grace_s=getattr(a, "grace_s", None))
+        final_reps=getattr(a, "final_reps", None), verbose=a.verbose, started=PROCESS_T0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,34 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tune", help="tune the recipes on this GPU (or a CPU smoke tune)")
-    _add_common(t, "time budget of the whole run in seconds (default 360 on a GPU, chosen "
-                   "so that the default key set ends well inside 8 minutes on one H200, "
-                   "start-up included; 600 on CPU; 0: none). Each key's fixed cost (inputs, "
-                   "compiling, final re-timing; measured as the run goes) is set aside, the "
-                   "rest is shared out over the keys' searches in proportion to their "
-                   "trial counts; a key always gets at least one trial")
+    _add_common(t, "time budget of the whole run in seconds, from the process start "
+                   "(default 420 on a GPU: a fresh `make tune` of the default keys within "
+                   "8 minutes; 150 on CPU; 0: none). Every key measures the same fraction "
+                   "of its grid, the largest the costs measured so far say fits (planned "
+                   "again as keys finish); at least the heuristic's config")
     _add_keys(t)
     t.add_argument("--trials", type=int, metavar="N",
-                   help="configs evaluated per sampled key (default: --frac of the grid; "
-                        "3 on CPU)")
+                   help="at most N configs a key (default: as the budget allows; 3 on CPU)")
     t.add_argument("--exhaustive", action="store_true",
-                   help="evaluate every config of every key")
-    t.add_argument("--exhaustive-limit", type=int, metavar="N",
-                   help="keys with at most N configs are searched exhaustively "
-                        "(default 200 on a GPU, 0 on CPU)")
+                   help="measure every config of every key, whatever the budget")
     t.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes on one store, worker i on GPU i mod #GPUs (default 1)")
-    t.add_argument("--top", type=int, default=3, help="configs re-timed at the end")
+                   help="processes, worker i on GPU i mod #GPUs, each with every N-th key "
+                        "(default 1)")
+    t.add_argument("--top", type=int, default=2,
+                   help="best configs re-timed with the heuristic's at the end (default 2)")
     t.add_argument("--search-reps", type=int, metavar="N", help="graph replays per trial")
     t.add_argument("--final-reps", type=int, metavar="N",
-                   help="graph replays per config in the final re-timing")
-    t.add_argument("--heartbeat-s", type=int, metavar="S",
-                   help="store heartbeat of running trials (default 10)")
-    t.add_argument("--grace-s", type=int, metavar="S",
-                   help="a running trial without heartbeat for S seconds is retried by the "
-                        "next tuner (default 60)")
+                   help="graph replays per config and round in the final re-timing")
 
-    for name, hlp in (("show", "print the tuned tables"),
+    for name, hlp in (("show", "print the tune report, the tables dispatch uses, and the "
+                               "tuned tables"),
                       ("report", "write results/<gpu>/tuning.md from the tables")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--slug", help="GPU folder under results/ (default: this machine's)")
@@ -134,22 +128,24 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--out", metavar="FILE", help="default results/<gpu>/tuning.md")
 
     q = sub.add_parser("quality", help="exhaustive optimum vs the tuner's search")
-    _add_common(q, "time budget in seconds, from the choice of keys on: measuring and "
-                   "replays (default 300 on a GPU, none on CPU; 0: none). A key's grid is "
-                   "started only if it and its replays are expected to fit the time left, "
-                   "and is then measured to the end unless the budget runs out; keys not "
-                   "measured completely are listed apart and left out of the verdict")
-    q.add_argument("--keys", type=int, default=12,
-                   help="keys to choose, in turn from each recipe (default 12; the verdict "
-                        "needs at least 10 complete ones)")
+    _add_common(q, "time budget in seconds, from the process start: measuring and replays "
+                   "(default 300 on a GPU, none on CPU; 0: none). A key's grid is started "
+                   "only if what it lacks is expected to fit the time left, and is then "
+                   "measured to the end unless the budget runs out; keys not measured "
+                   "completely are listed apart and left out of the verdict")
+    q.add_argument("--keys", type=int, default=14,
+                   help="keys to choose, in turn from each recipe (default 14; the verdict "
+                        "needs at least 12 complete ones)")
     q.add_argument("--seeds", type=int, default=5, help="replays per key (default 5)")
     q.add_argument("--within", type=float, default=0.03, help="goal (default 0.03 = 3%%)")
+    q.add_argument("--frac", type=float, default=0.5,
+                   help="the tune's coverage the replays are held to (default 0.5: a "
+                        "default tune measures at least half of every grid)")
     q.add_argument("--min-grid", type=int, default=30,
                    help="smallest grid (configs the constraint admits) of a chosen key "
                         "(default 30)")
-    q.add_argument("--max-grid", type=int, default=120,
-                   help="largest grid of a chosen key (default 120: small grids, so that "
-                        "many complete ones fit the budget)")
+    q.add_argument("--max-grid", type=int, default=200,
+                   help="largest grid of a chosen key (default 200)")
     q.add_argument("--no-measure", action="store_true",
                    help="only replay over what the store already measured")
     q.add_argument("--out", metavar="FILE",
@@ -180,32 +176,61 @@ def cmd_bench(argv: list[str]) -> int:
     return int(bench.main(argv) or 0)
 
 
+def _resume_hint(argv: list[str]) -> str:
+    cmd = "python -m autotune " + " ".join(shlex.quote(x) for x in argv)
+    return (f"autotune: stopped by Ctrl-C. To resume, run the same command again ({cmd}): "
+            "the configs measured so far are in the study store and are not measured "
+            "again; the keys finished are already in their tables.")
+
+
+def _run_measuring(a, argv: list[str]) -> int:
+    """tune / quality: pick the device (the interpreter is switched on before any recipe
+    is imported), run, and turn the known failures into a message and an exit code."""
+    from .tune.device import select_device
+    select_device()
+    from .tune.measure import TunerFatal
+    from .tune.store import StoreError
+
+    try:
+        if a.cmd == "tune":
+            from .tune.run import tune
+            from .views import show_text
+
+            summary = tune(_options(a))
+            if summary["tables"]:
+                print(show_text(Path(a.results) if a.results else None, summary["slug"],
+                                list(summary["tables"])))
+            return 0
+        from .quality import quality
+        quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within, frac=a.frac,
+                min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
+                out=a.out)
+        return 0
+    except KeyboardInterrupt:
+        print(_resume_hint(argv), file=sys.stderr)
+        return 130
+    except StoreError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except TunerFatal as exc:
+        print(f"autotune: stopped: {exc}", file=sys.stderr)
+        return 3
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
     a = build_parser().parse_args(argv)
-    if a.cmd == "tune":
-        from .search import TunerFatal
-        from .tuner import tune
-        from .views import show_text
-
-        try:
-            summary = tune(_options(a))
-        except TunerFatal as exc:
-            print(f"autotune: stopped: {exc}", file=sys.stderr)
-            return 3
-        if summary["tables"]:
-            print(show_text(Path(a.results) if a.results else None, summary["slug"],
-                            list(summary["tables"])))
-        return 0
+    if a.cmd in ("tune", "quality"):
+        return _run_measuring(a, argv)
     if a.cmd in ("show", "report"):
         from .views import report_markdown, show_text
 
         root, slug = _root(a), _slug(a)
         recipes = _csv(a.recipe) or None
         if a.cmd == "show":
-            print(show_text(root, slug, recipes))
+            print(show_text(root, slug, recipes, dispatch=True))
             return 0
         from .tables import write_text_atomic
         text = report_markdown(root, slug, recipes)
@@ -213,12 +238,5 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(out, text)
         print(text)
         print(f"autotune report: wrote {out}", file=sys.stderr)
-        return 0
-    if a.cmd == "quality":
-        from .quality import quality
-
-        quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within,
-                min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
-                out=a.out)
         return 0
     return 2

@@ -1,4 +1,5 @@
-"""Human views of the tuned tables: `autotune show` (terminal) and `autotune report`
+"""Human views of the tuned tables: `autotune show` (terminal: the last tune's report,
+the tables dispatch reads and from where, then the tables) and `autotune report`
 (markdown)."""
 from __future__ import annotations
 
@@ -52,23 +53,96 @@ def _rows(data: dict):
                f"{_f(e.get('p20_us'))}-{_f(e.get('p80_us'))}",
                _f(e.get("heuristic_p50_us")), _f(e.get("speedup_vs_heuristic"), 2),
                _f(e.get("torch_p50_us")), _f(e.get("speedup_vs_torch"), 2),
-               f"{tr.get('evaluated', '?')}/{e.get('grid', '?')} {e.get('mode', '')}"
-               + (" (budget)" if e.get("budget_cut") else "")
-               + (f" WRONG:{tr['wrong']}" if tr.get("wrong") else "")
-               + (" (kept the previous table's)" if e.get("chosen_from") == "previous table"
-                  else "")]
+               f"{tr.get('evaluated', '?')}/{e.get('grid', '?')}"
+               + (f" WRONG:{tr['wrong']}" if tr.get("wrong") else ""),
+               _CHOSEN.get(e.get("chosen_from"), e.get("chosen_from") or "")]
+
+
+_CHOSEN = {"search": "search", "heuristic": "heuristic kept",
+           "previous table": "previous table's"}
 
 
 HEAD = ["key", "config", "p50 us", "p20-p80", "heuristic us", "x heur", "torch us",
-        "x torch", "configs run"]
+        "x torch", "configs run", "entry"]
 
 
-def show_text(root, slug: str, recipes: list[str] | None = None) -> str:
+def tune_report_text(root, slug: str) -> list[str]:
+    """The last tune's report (results/<slug>/tune-report.json), in a few lines."""
+    import json
+
+    path = Path(root or results_root()) / slug / "tune-report.json"
+    if not path.is_file():
+        return [f"no tune report at {path}"]
+    try:
+        r = json.loads(path.read_text())
+    except Exception as exc:  # noqa: BLE001
+        return [f"{path}: unreadable ({type(exc).__name__}: {exc})"]
+    keys = r.get("keys") or []
+    cut = [k for k in keys if k.get("measured", 0) < k.get("admitted", 0)]
+    frac = [k["measured"] / k["admitted"] for k in keys if k.get("admitted")]
+    state = "complete" if r.get("complete") else (
+        "interrupted" if r.get("interrupted") else "incomplete")
+    out = [f"== tune report ({path}) ==",
+           f"   {r.get('date')}: {state}, {r.get('wall_s')} s wall"
+           + (" (fresh: no earlier table)" if r.get("fresh") else "")
+           + f", budget {r.get('budget_s')} s; {len(keys)} of {r.get('keys_planned')} keys, "
+           f"{r.get('configs_measured')} configs measured"
+           + (f"; coverage {_range(frac)} of each grid" if frac else "")
+           + (f" ({len(cut)} keys not measured in full)" if cut else "")]
+    ph = r.get("phases") or {}
+    if ph:
+        out.append("   time: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items()
+                                        if v >= 0.05))
+    comp = (r.get("compile") or {})
+    pool = comp.get("pool")
+    if pool:
+        out.append(f"   compile pool: {pool['workers']} processes, {pool['binaries']} "
+                   f"binaries ({pool['compiled']} compiled, {pool['from_cache']} from "
+                   f"Triton's cache, {pool['failed']} failed), {pool['worker_s']} worker-s; "
+                   f"measuring process loaded {comp.get('loaded')}, compiled "
+                   f"{comp.get('compiled_in_process')} itself")
+    return out
+
+
+def _range(xs) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}-{hi:.0%}"
+
+
+def dispatch_text(slug: str, recipes: list[str] | None = None) -> list[str]:
+    """Which table dispatch reads for each recipe on GPU `slug`, and the folders it
+    looks in (`recipes.tables.search_roots`, first match wins)."""
+    from recipes import tables as dispatch
+    from recipes.tuning import all_tunings
+
+    names = [t.name for t in all_tunings()] if not recipes else recipes
+    out = [f"== dispatch on GPU {slug!r}: tables are looked up in "
+           + ", then ".join(str(r) for r in dispatch.search_roots()) + " =="]
+    for name in names:
+        try:
+            path, n = dispatch.table_in_use(slug, name)
+        except Exception as exc:  # noqa: BLE001
+            out.append(f"   {name}: cannot tell ({type(exc).__name__}: {exc})")
+            continue
+        out.append(f"   {name}: " + (f"{path} ({n} entries used)" if path is not None
+                                     else "no table: heuristic configs"))
+    return out
+
+
+def show_text(root, slug: str, recipes: list[str] | None = None,
+              dispatch: bool = False) -> str:
     try:
         from tabulate import tabulate
     except ImportError:  # pragma: no cover
         tabulate = None
     out = []
+    if dispatch:
+        import warnings
+        out += tune_report_text(root, slug) + [""]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out += dispatch_text(slug, recipes)
+        out += [f"   note: {w.message}" for w in caught] + [""]
     found = False
     for p, data, err in _tables(root, slug, recipes):
         found = True

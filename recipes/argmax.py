@@ -147,10 +147,17 @@ def _bytes(key: dict) -> int:
 
 
 def _default_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures ("gpu"; "smoke": one small key for the interpreter).
+    Both dtypes of the benchmark, V = 32000, 151936 and 262144, and every power-of-two R
+    from 1 to 256: each benchmark shape is a tuned key, or (V = 128256, 129280) within
+    a factor 1.2 of tuned ones at its own R and the rows either side, so dispatch never
+    lends a config from farther than a factor of 2 (and then only one measured no slower
+    there). 54 keys; the compiled binaries do not depend on R and V but for their
+    divisibility, so the tune compiles ~600 for ~7400 (key, config) pairs."""
     if preset == "smoke":
         return [{"dtype": "bfloat16", "V": 4096, "R": 2}]
     return [{"dtype": d, "V": v, "R": r} for d in ("bfloat16", "float32")
-            for v in (32000, 151936) for r in (1, 4, 32, 256)]
+            for v in (32000, 151936, 262144) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 
 
 TUNING = Tuning(

@@ -265,9 +265,13 @@ def _peer(pairs):
 
 
 def _default_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures ("gpu"; "smoke": one small key): the benchmark's
+    shapes, (pairs, largest pair's bytes) = (1, 4 KB), (8, 256 B), (8, 4 KB), (16, 4 KB),
+    (8, 1 MB), (2, 64 MB), (16, 16 MB). 7 keys, ~370 (key, config) pairs."""
     if preset == "smoke":
         return [tune_key(3, 1024)]
-    return [tune_key(8, 4096), tune_key(2, 64 << 20)]
+    return [tune_key(p, n) for p, n in ((1, 4096), (8, 256), (8, 4096), (16, 4096),
+                                        (8, 1 << 20), (2, 64 << 20), (16, 16 << 20))]
 
 
 TUNING = Tuning(

@@ -553,9 +553,13 @@ def bytes_moved(key: dict) -> int:
 
 
 def _default_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures ("gpu"; "smoke": one small key): the benchmark's
+    shapes, both modes x hidden widths 4096 and 7168 x B = 1, 8, 64, 256, with the five
+    decode-step fields. 16 keys, ~680 (key, config) pairs."""
     if preset == "smoke":
         return [tune_key("scatter", 2, 64, 3)]
-    return [tune_key(m, b, 7168, 5) for m in MODES for b in (1, 256)]
+    return [tune_key(m, b, w, 5) for m in MODES for w in (4096, 7168)
+            for b in (1, 8, 64, 256)]
 
 
 TUNING = Tuning(

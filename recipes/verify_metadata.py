@@ -560,10 +560,15 @@ def _bytes(key: dict, N: int = TUNE_N) -> int:
 
 
 def _default_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures ("gpu"; "smoke": one small key): the benchmark's
+    shapes, layout fa3 at page sizes 64 and 1 x contexts 4096, 32768, 163840 tokens
+    (max_pages = context / page size) x B = 1, 8, 64, 256, and layout both at B = 8,
+    32768 tokens, page size 64. 25 keys, ~2600 (key, config) pairs."""
     if preset == "smoke":
         return [tune_key("both", 16, 2, 64)]
-    return [tune_key("fa3", 64, 1, 2560), tune_key("fa3", 1, 1, 163840),
-            tune_key("fa3", 64, 64, 512), tune_key("both", 16, 8, 2048)]
+    keys = [tune_key("fa3", ps, b, -(-ctx // ps)) for ps in (64, 1)
+            for ctx in (4096, 32768, 163840) for b in (1, 8, 64, 256)]
+    return keys + [tune_key("both", 64, 8, 32768 // 64)]
 
 
 def _run(inp: dict, cfg: dict) -> VerifyMetadata:

@@ -33,3 +33,64 @@ def subprocess_env(**extra) -> dict:
 
 
 PY = sys.executable
+
+
+def compile_pool_check(cache_dir: str) -> dict:
+    """Run in a fresh process without the interpreter (`test_autotune_compile`): probe the
+    argmax smoke key's first configs for an sm_90 target with no GPU (the tuner's worker
+    driver, which only reports the target), compile them in a pool of two processes,
+    then load them the way the measuring process does (Triton's JIT with warmup=True:
+    compile or load, no launch). Returns what the test checks."""
+    import json
+    import time as _time
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    from autotune.tune import compile as TC
+    target = GPUTarget("cuda", 90, 32)
+    driver.set_active(TC._TargetDriver(target, 0))
+    from recipes import _common as C
+    from recipes.tuning import all_tunings
+    C.check_runnable = lambda *a, **k: None     # CPU tensors into the compiled launcher
+    t = next(x for x in all_tunings() if x.name == "argmax")
+    cpu = torch.device("cpu")
+    key = t.default_keys("smoke")[0]
+    grid = t.configs(key)[:3]
+    per, bins = TC.probe(t.run, t.make_inputs(key, cpu, 0), grid)
+    other = {**key, "R": key["R"] * 2}           # R is no kernel argument: same binaries
+    per2, _ = TC.probe(t.run, t.make_inputs(other, cpu, 0), grid)
+    pool = TC.CompilePool(2, target, 0, "recipes")
+    pool.add(bins)
+    pool.prioritize(list(bins))
+    t0 = _time.monotonic()
+    while pool.left() and _time.monotonic() - t0 < 300:
+        pool.wait(list(bins), timeout=1.0)
+    stats = pool.stats
+    pool.close()
+    files = {os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs}
+    from triton.runtime.jit import JITFunction
+    orig = JITFunction.run
+
+    def compile_only(fn, *a, grid, warmup, **k):
+        return orig(fn, *a, grid=grid, warmup=True, **k)
+
+    watch = TC.LoadWatch(pool)
+    JITFunction.run = compile_only
+    try:
+        x = t.make_inputs(key, cpu, 0)
+        with watch:
+            for cfg in grid:
+                t.run(x, cfg)
+    finally:
+        JITFunction.run = orig
+    new = {os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs} - files
+    out = {"configs": len(per), "binaries": len(bins), "per": per, "per2": per2,
+           "compiled": stats.compiled + stats.cached, "failed": stats.failed,
+           "errors": stats.errors, "loads": watch.loads, "misses": watch.misses,
+           "new_files": sorted(new)}
+    print(json.dumps(out))
+    return out

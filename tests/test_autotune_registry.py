@@ -5,8 +5,9 @@ from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import registry
 from autotune.registry import Tunable, key_str, outputs_equal
-from autotune.search import Encoding, config_id, is_ordinal, target_trials
-from autotune.tuner import Options, keys_for, plan, resolve
+from autotune.tune.options import Options, resolve
+from autotune.tune.plan import keys_for, plan
+from autotune.tune.search import Encoding, config_id, is_ordinal, order_configs
 
 
 def test_fake_is_registered_and_recipes_register_themselves(fake):
@@ -89,23 +90,29 @@ def test_key_overrides(fake):
     assert keys_for(t, "gpu", {"vocab": ["1000"]}) == t.default_keys("gpu")
 
 
-def test_plan_exhaustive_or_sampled(fake):
+def test_plan_orders_each_grid_from_the_heuristic(fake):
     F = fake
-    o = resolve(Options(recipes=["fake_scale"], package="fake_tunables"), torch.device("cpu"))
-    o.exhaustive_limit = 10
-    o.trials = None
-    jobs = plan(o, "test-gpu")
-    assert len(jobs) == 1                             # the smoke key on CPU
-    j = jobs[0]
-    assert len(j.grid) == 18 and not j.exhaustive
-    assert j.target == target_trials(18, None, 0.3) == 8
+    cpu = torch.device("cpu")
+    o = resolve(Options(recipes=["fake_scale"], package="fake_tunables"), cpu)
+    (j,) = plan(o, "test-gpu", cpu)                  # the smoke key on CPU
+    assert len(j.grid) == 18 and len(j.order) == 18 and j.limit == 18
+    assert sorted(map(config_id, j.order)) == sorted(map(config_id, j.grid))
+    heur = F.heuristic(j.key, None)
+    assert j.heuristic == heur and j.order[0] == heur
+    enc = Encoding(F.SPACE)
+    steps = [enc.steps(c, heur) for c in j.order]
+    assert steps == sorted(steps)                   # nearest to the heuristic first
     assert j.study.startswith("tune:test-gpu:fake_scale[") and F.SCALE.space_hash() in j.study
-    o.exhaustive_limit = 200
-    j = plan(o, "test-gpu")[0]
-    assert j.exhaustive and j.target == 18
+    # another seed only reorders configs at the same distance
+    other = order_configs(j.grid, F.SPACE, heur, seed=12345)
+    assert [enc.steps(c, heur) for c in other] == steps and other != j.order
+    # a previous table's config comes second
+    prev = j.order[-1]
+    again = order_configs(j.grid, F.SPACE, heur, seed=0, first=(heur, prev, {"BLOCK": 48}))
+    assert again[:2] == [heur, prev] and len(again) == 18
     with pytest.raises(SystemExit):
         plan(Options(recipes=["no_such_recipe"], package="fake_tunables", preset="smoke"),
-             "x")
+             "x", cpu)
 
 
 def _code_a(x):

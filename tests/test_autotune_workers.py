@@ -1,19 +1,19 @@
 """Several tuner workers on one Optuna store: a real PostgreSQL server on loopback (the
-way tuners on several hosts share a study), and SQLite (one host)."""
+way tuners on several hosts share a store), and the default journal file (one host)."""
 import glob
+import json
 import os
 import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
-import time
 
 import optuna
 import pytest
 from autotune_util import PY, REPO, subprocess_env
 
-from autotune.search import EVALUATED, info
+from autotune.tune.search import EVALUATED, info
 
 
 def _pg_bin() -> str | None:
@@ -86,32 +86,41 @@ def postgres_url():
 
 
 def _two_workers(tmp_path, storage, budget_s="0"):
+    """Two workers, two keys: each worker measures and finalises one; the parent writes
+    both entries into one table."""
     cmd = [PY, "-m", "autotune", "tune", "--package", "fake_tunables", "--recipe",
-           "fake_slow", "--workers", "2", "--trials", "10", "--results", str(tmp_path),
-           "--no-progress", "--budget-s", budget_s]
+           "fake_slow", "--key", "N=128,256", "--workers", "2", "--trials", "5",
+           "--results", str(tmp_path), "--no-progress", "--budget-s", budget_s]
     if storage:
         cmd += ["--storage", storage]
-    t0 = time.time()
-    r = subprocess.run(cmd, cwd=REPO, env=subprocess_env(FAKE_SLOW_S="0.15",
+    r = subprocess.run(cmd, cwd=REPO, env=subprocess_env(FAKE_SLOW_S="0.05",
                                                          SPEC_TUNE_DEVICE="cpu"),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    url = storage or f"sqlite:///{tmp_path}/cpu-interpreter/studies.db"
-    (summary,) = optuna.get_all_study_summaries(url)
-    study = optuna.load_study(study_name=summary.study_name, storage=url)
-    ev = [t for t in study.trials if info(t).get("status") in EVALUATED]
-    workers = {info(t)["worker"] for t in ev}
-    assert len(workers) == 2, f"trials by {workers}: both workers should contribute"
-    assert {w.rsplit(":", 1)[1] for w in workers} == {"w0", "w1"}
-    assert len(ev) >= 10
-    assert (tmp_path / "cpu-interpreter" / "fake_slow.json").exists()
-    return time.time() - t0
+    if storage:
+        st = optuna.storages.RDBStorage(storage)
+    else:
+        from autotune.tune.store import Store
+        st = Store(None, tmp_path, "cpu-interpreter").storage
+    names = [s.study_name for s in st.get_all_studies()]
+    assert len(names) == 2, names
+    workers = set()
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=st)
+        ev = [t for t in study.trials if info(t).get("status") in EVALUATED]
+        assert len(ev) == 5 and all(t.state.is_finished() for t in study.trials)
+        workers |= {info(t)["worker"].rsplit(":", 1)[1] for t in ev}
+    assert workers == {"w0", "w1"}, f"trials by {workers}: both workers should contribute"
+    tab = json.loads((tmp_path / "cpu-interpreter" / "fake_slow.json").read_text())
+    assert sorted(e["key"]["N"] for e in tab["entries"]) == [128, 256]
+    rep = json.loads((tmp_path / "cpu-interpreter" / "tune-report.json").read_text())
+    assert rep["complete"] and len(rep["keys"]) == 2 and set(rep["workers"]) == {"0", "1"}
 
 
-def test_two_workers_share_a_postgres_study(tmp_path, postgres_url):
+def test_two_workers_share_a_postgres_store(tmp_path, postgres_url):
     _two_workers(tmp_path, postgres_url)
 
 
-def test_two_workers_share_a_sqlite_study(tmp_path):
-    """With a budget too (ample: the workers' shares must not cut the 10 trials)."""
+def test_two_workers_share_the_journal(tmp_path):
+    """With a budget too (ample: the workers' coverage must not cut the 5 configs)."""
     _two_workers(tmp_path, None, budget_s="120")

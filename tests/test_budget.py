@@ -1,9 +1,13 @@
-"""Time budgets on a fake clock: `tune`'s shares over keys (`autotune.tuner.Budget`) and
-`quality`'s choice of which exhaustive grids to start (`autotune.quality.GridPacer`)."""
+"""Time budgets on a fake clock: `tune`'s coverage (`autotune.tune.budget.Coverage`: one
+fraction of every grid, re-planned as keys finish) and `quality`'s choice of which
+exhaustive grids to start (`autotune.quality.GridPacer`)."""
+import math
+
 import pytest
 
 from autotune.quality import GridPacer
-from autotune.tuner import Budget
+from autotune.tune.budget import RESERVE_S, CostModel, Coverage
+from autotune.tune.search import fraction_configs
 
 
 class Clock:
@@ -14,94 +18,107 @@ class Clock:
         return self.t
 
 
-def test_shares_follow_the_weights_after_the_fixed_costs():
+def _jobs(grids, bins_per_config=1, shared=False, gpu_s=0.0):
+    """Planning views: key i's config c runs binary (i, c), or (0, c) when shared."""
+    out = []
+    for i, g in enumerate(grids):
+        order_bins = [{(0 if shared else i, c, b) for b in range(bins_per_config)}
+                      for c in range(g)]
+        out.append((g, [0] * (g + 1), gpu_s, order_bins))
+    return out
+
+
+def _model(config_s=0.01, key_s=0.5, binary_s=1.0, workers=10):
+    m = CostModel("cuda", workers)
+    m.guess = {"config_s": config_s, "key_s": key_s, "binary_s": binary_s}
+    return m
+
+
+def test_the_estimate_is_the_arithmetic_of_the_docstring():
     clock = Clock()
-    b = Budget(100.0, [1, 2, 1], fixed_s=10.0, clock=clock)
-    # (100 s left - 3 keys x 10 s fixed) x 1 / 4
-    assert b.share() == pytest.approx(17.5)
-    clock.t += 10.0 + 17.5                 # as planned: the rest is shared the same way
-    b.finished(27.5, 17.5)
-    assert b.fixed_s == pytest.approx(10.0)
-    assert b.share() == pytest.approx((72.5 - 20.0) * 2 / 3)
+    cov = Coverage(1000.0, clock(), _model(), clock=clock)
+    jobs = _jobs([100, 200])
+    # max(2 keys x 0.5 s + 300 configs x 10 ms,
+    #     300 binaries x 1 s / 10 workers + a key's 0.5 s and 150 configs x 10 ms) + reserve
+    assert cov.estimate(jobs, 1.0, lambda b: False) == pytest.approx(32.0 + RESERVE_S)
+    # binaries shared by the keys are compiled once
+    shared = _jobs([100, 200], shared=True)
+    assert cov.estimate(shared, 1.0, lambda b: False) == pytest.approx(22.0 + RESERVE_S)
+    # compiled ones cost nothing: the measuring process's own time counts
+    assert cov.estimate(jobs, 1.0, lambda b: True) == pytest.approx(1.0 + 3.0 + RESERVE_S)
+    # half the grids: 50 + 100 configs (and binaries)
+    assert cov.estimate(jobs, 0.5, lambda b: False) == pytest.approx(
+        15.0 + 0.5 + 0.75 + RESERVE_S)
+    # many binaries, few configs: the measuring process waits for the pool
+    slow = _model(binary_s=10.0)
+    cov2 = Coverage(1000.0, clock(), slow, clock=clock)
+    assert cov2.estimate(jobs, 1.0, lambda b: False) == pytest.approx(
+        300 + 0.5 + 1.5 + RESERVE_S)
+    # configs the store holds already are not measured again (key 0: its first 40)
+    done = [min(n, 40) for n in range(101)]
+    jobs2 = [(100, done, 0.0, jobs[0][3])]
+    assert cov.estimate(jobs2, 1.0, lambda b: True) == pytest.approx(0.5 + 0.6 + RESERVE_S)
 
 
-def test_the_fixed_cost_is_the_mean_measured():
+def test_coverage_falls_evenly_with_the_budget():
     clock = Clock()
-    b = Budget(200.0, [5] * 5, fixed_s=4.0, clock=clock)
-    assert b.fixed_s == 4.0                # the guess until a key finished
-    b.share()
-    clock.t += 30.0
-    b.finished(30.0, 22.0)                 # 8 s outside the search
-    assert b.fixed_s == pytest.approx(8.0)
-    b.share()
-    clock.t += 20.0
-    b.finished(20.0, 18.0)                 # 2 s
-    assert b.fixed_s == pytest.approx(5.0)
-    # 150 s left, 3 keys: 3 x 5 s set aside, equal weights
-    assert b.share() == pytest.approx((150.0 - 15.0) / 3)
+    jobs = _jobs([96, 158, 158, 30, 540])
+    seen = []
+    for budget in (10_000, 150, 90, 60, 40, 20):
+        cov = Coverage(budget, clock(), _model(), clock=clock)
+        f = cov.plan(jobs, lambda b: False)
+        assert cov.estimate(jobs, f, lambda b: False) <= budget or f == 0.0
+        limits = [cov.limit(g) for g, *_ in jobs]
+        assert limits == [fraction_configs(g, f) for g, *_ in jobs]
+        seen.append(f)
+    assert seen[0] == 1.0 and seen == sorted(seen, reverse=True) and seen[-1] < 0.2
+    # every key keeps at least one config (its heuristic's), whatever the budget
+    cov = Coverage(1.0, clock(), _model(), clock=clock)
+    assert cov.plan(jobs, lambda b: False) == 0.0
+    assert [cov.limit(g) for g, *_ in jobs] == [1] * 5
 
 
-def test_a_late_key_gets_no_negative_share():
+def test_no_budget_or_exhaustive_measures_everything_and_trials_cap_it():
     clock = Clock()
-    b = Budget(10.0, [3, 3], fixed_s=4.0, clock=clock)
-    b.share()
-    clock.t += 50.0                        # the first key overran the whole budget
-    assert b.share() == 0.0
-    assert b.next_deadline() is not None and b.next_deadline() >= clock.t   # list empty
-    assert Budget(None, [1], 4.0).share() is None
-    assert Budget(0, [1], 4.0).next_deadline() is None
+    jobs = _jobs([96, 158])
+    for cov in (Coverage(None, clock(), _model(), clock=clock),
+                Coverage(0, clock(), _model(), clock=clock),
+                Coverage(1.0, clock(), _model(), exhaustive=True, clock=clock)):
+        assert cov.plan(jobs, lambda b: False) == 1.0
+        assert cov.limit(96) == 96
+    cov = Coverage(None, clock(), _model(), cap=3, clock=clock)
+    cov.plan(jobs, lambda b: False)
+    assert cov.limit(96) == 3 and cov.limit(2) == 2
 
 
-def _run(weights, seconds, fixed_true, trial_s, fixed_guess, slow=None):
-    """Jobs run the way `tune` runs them: half the fixed cost, the search (one trial at
-    least, then until its target or its deadline, checked after each trial, as
-    `autotune.search.search` does), the other half. Returns (trials per job, end)."""
+def test_replanning_follows_the_measured_costs():
+    """Slower configs than guessed: the keys left get less; faster: more."""
     clock = Clock(0.0)
-    b = Budget(seconds, weights, fixed_guess, clock=clock)
-    trials = []
-    for i, w in enumerate(weights):
-        k0 = clock.t
-        clock.t += fixed_true / 2
-        s0 = clock.t
-        deadline = b.next_deadline()
-        n = 0
-        while True:
-            clock.t += trial_s * (slow or {}).get(i, 1.0)
-            n += 1
-            if n >= w or clock.t >= deadline:
-                break
-        search_s = clock.t - s0
-        clock.t += fixed_true / 2
-        b.finished(clock.t - k0, search_s)
-        trials.append(n)
-    return trials, clock.t
+    m = _model(config_s=0.01, binary_s=0.0)
+    cov = Coverage(100.0, 0.0, m, clock=clock)
+    jobs = _jobs([1000] * 10)
+    f0 = cov.plan(jobs, lambda b: True)
+    assert 0.5 < f0 <= 1.0
+    for _ in range(50):
+        m.observe_config(0.05, 0.0)              # 5x the guess
+    clock.t = 20.0
+    f1 = cov.plan(jobs[2:], lambda b: True)
+    assert f1 < f0
+    m.host_s = [0.001] * 50                      # 10x faster than guessed
+    f2 = cov.plan(jobs[2:], lambda b: True)
+    assert f2 == 1.0
+    assert [h[1] for h in cov.history] == [f0, f1, f2]
 
 
-def test_the_run_ends_on_time_and_trials_follow_the_weights():
-    weights = [100, 300, 200, 100, 300]
-    trials, end = _run(weights, 300.0, fixed_true=6.0, trial_s=0.5, fixed_guess=4.0)
-    assert end <= 300.0 + 0.5              # the guess was low, the mean fixed it
-    assert end >= 290.0                    # and little was left unused
-    per_weight = [n / w for n, w in zip(trials, weights, strict=True)]
-    assert max(per_weight) / min(per_weight) < 1.25
-    assert all(n < w for n, w in zip(trials, weights, strict=True))   # all budget-cut
-
-
-def test_an_overrun_shrinks_later_shares_but_every_key_gets_a_trial():
-    """The second key's one trial takes 20 s (100x what was planned): the keys after it
-    get less and the run still ends on time; one of 60 s leaves nothing: the keys after
-    it get their first trial each, none gets nothing."""
-    weights = [50] * 8
-    even, _ = _run(weights, 80.0, fixed_true=4.0, trial_s=0.2, fixed_guess=4.0)
-    trials, end = _run(weights, 80.0, fixed_true=4.0, trial_s=0.2, fixed_guess=4.0,
-                       slow={1: 100.0})
-    assert trials[:2] == [even[0], 1]
-    assert all(1 < t < e for t, e in zip(trials[2:], even[2:], strict=True))
-    assert end <= 80.0
-    trials, end = _run(weights, 80.0, fixed_true=4.0, trial_s=0.2, fixed_guess=4.0,
-                       slow={1: 300.0})
-    assert trials[:2] == [even[0], 1] and trials[2:] == [1] * 6
-    assert end <= 80.0 + 60.0
+def test_the_gpu_part_of_a_config_counts():
+    from autotune.tune.budget import gpu_seconds
+    # a 1.6 MB read at 2.5 TB/s: 2.64 us a call; 32 input sets a replay; 25 replays
+    assert gpu_seconds(1_600_000, 32, 20) == pytest.approx(25 * 32 * 2.64e-6)
+    # a 100 MB read: 42 us a call, 5 calls make the ~200 us replay
+    assert gpu_seconds(100_000_000, 1, 20) == pytest.approx(25 * 5 * 42e-6)
+    m = _model()
+    m.observe_config(0.011, 0.002)
+    assert m.config_s(0.004) == pytest.approx(0.009 + 0.004)
 
 
 def test_pacer_starts_a_grid_only_if_it_fits():
@@ -118,6 +135,7 @@ def test_pacer_starts_a_grid_only_if_it_fits():
     clock.t += 50.0
     assert not p.fits(1) and p.left() < 0
     assert GridPacer(None, 0.5).fits(10**9) and GridPacer(0, 0.5).end is None
+    assert GridPacer(None, 0.5).left() == math.inf
 
 
 def test_pacer_counts_the_time_a_key_takes_after_its_grid():
@@ -130,21 +148,14 @@ def test_pacer_counts_the_time_a_key_takes_after_its_grid():
     assert p.estimate(0) == pytest.approx(3.0) and p.fits(194) and not p.fits(195)
 
 
-def test_keys_run_in_rounds_over_recipes_and_exhaustive_keys_weigh_as_sampled():
+def test_keys_run_in_rounds_over_recipes():
     from types import SimpleNamespace
 
-    from autotune.tuner import Job, Options, interleave, weight
+    from autotune.tune.plan import Job, interleave
 
-    def job(name, i, grid, exhaustive):
-        t = SimpleNamespace(name=name)
-        return Job(t, {"i": i}, list(range(grid)), exhaustive,
-                   grid if exhaustive else max(8, -(-3 * grid // 10)), f"{name}{i}")
+    def job(name, i):
+        return Job(SimpleNamespace(name=name), {"i": i}, [], f"{name}{i}")
 
-    jobs = [job("a", i, 100, True) for i in range(3)] + [job("b", 0, 300, False)] \
-        + [job("c", i, 20, True) for i in range(2)]
+    jobs = [job("a", i) for i in range(3)] + [job("b", 0)] + [job("c", i) for i in range(2)]
     order = [(j.tunable.name, j.key["i"]) for j in interleave(jobs)]
     assert order == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2)]
-    opts = Options()
-    assert weight(jobs[0], opts) == 30          # exhaustive over 100: weighs 30% of it
-    assert weight(jobs[3], opts) == 90          # sampled: its target
-    assert weight(jobs[4], opts) == 8           # small grids: at least 8 (target_trials)

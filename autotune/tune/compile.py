@@ -1,0 +1,350 @@
+"""Compiling ahead: every distinct Triton binary a tune will run, compiled once, in a
+pool of processes, into Triton's on-disk cache; the measuring process then only loads
+cached binaries (a few milliseconds each) instead of compiling (0.5-2 s each, and
+in-process compiles are bound to one core by the GIL).
+
+1. Probe (`probe`): the key's run is called for each planned config with Triton's
+   `knobs.runtime.jit_cache_hook` set to a hook that records what Triton is about to
+   compile (the kernel, and the specialization data that `JITFunction.preload` takes) and
+   skips it: nothing is compiled or launched, so a probe costs the launcher's Python.
+   A binary is identified by the kernel and Triton's own cache key (argument
+   specialization and options), so configs and keys that launch the same binary share
+   it: one compile, then timed at every key that runs it.
+2. Pool (`CompilePool`): `workers` spawned processes, each with a driver that only
+   reports the GPU's target (no CUDA context, no GPU memory), run
+   `JITFunction.preload(specialization data)`, which compiles into the on-disk cache
+   (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a second tune finds
+   its binaries there). Binaries go out in the order the measuring process needs them:
+   the planned configs of every key in measurement order first, then the rest of the
+   grids; a binary the measuring process waits for goes to the front.
+3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded and those it
+   had to compile itself (the pool did not have them: disabled, failed or not yet done).
+
+The pool is an accelerator only: on any failure it stops with one message and the
+measuring process compiles in-process as before. A binary that fails to compile in a
+worker is left to the measuring process, whose trial records the error.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+
+HIT_S = 0.05          # a worker compile faster than this came from Triton's cache
+OUTSTANDING = 3       # tasks in flight a worker (keeps the pool busy between top-ups)
+
+
+@dataclass(frozen=True)
+class Binary:
+    bid: str
+    module: str
+    qualname: str
+    spec: str           # Triton's specialization data (JSON)
+
+
+def binary_id(module: str, qualname: str, key) -> str:
+    return f"{module}.{qualname}:" + hashlib.sha1(str(key).encode()).hexdigest()[:16]
+
+
+class _Hook:
+    """A `jit_cache_hook` that records each compile request; `skip` makes Triton skip the
+    compile and the launch (the probe)."""
+
+    def __init__(self, skip: bool):
+        self.skip = skip
+        self.seen: list[Binary] = []
+
+    def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        self.seen.append(Binary(binary_id(fn.module, fn.name, key), fn.module, fn.name,
+                                compile["specialization_data"]))
+        return self.skip
+
+
+class _hooked:
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __enter__(self):
+        from triton import knobs
+        self.prev = knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = self.hook
+        return self.hook
+
+    def __exit__(self, *exc):
+        from triton import knobs
+        knobs.runtime.jit_cache_hook = self.prev
+
+
+def probe(run, inputs, configs: list[dict]) -> tuple[dict, dict]:
+    """({config_id: [binary ids]}, {binary id: Binary}) of `run(inputs, config)` for each
+    config, without compiling or launching anything. A config whose launcher raises
+    gets no binaries (its trial reports the error)."""
+    from .search import config_id
+
+    per, binaries = {}, {}
+    with _hooked(_Hook(skip=True)) as hook:
+        for cfg in configs:
+            hook.seen.clear()
+            try:
+                run(inputs, cfg)
+            except Exception:  # noqa: BLE001 - the trial will report it
+                pass
+            ids = []
+            for b in hook.seen:
+                binaries.setdefault(b.bid, b)
+                if b.bid not in ids:
+                    ids.append(b.bid)
+            per[config_id(cfg)] = ids
+    return per, binaries
+
+
+class LoadWatch:
+    """Counts, in the measuring process, the binaries Triton loads or compiles (its
+    in-memory cache missed) and those of them the pool had not compiled."""
+
+    def __init__(self, pool: "CompilePool | None"):
+        self.pool = pool
+        self.loads = 0
+        self.misses = 0
+        self._ctx = _hooked(self)
+
+    def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        self.loads += 1
+        bid = binary_id(fn.module, fn.name, key)
+        if self.pool is None or not self.pool.compiled(bid):
+            self.misses += 1
+        return None
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+# --- the worker processes ------------------------------------------------------------
+class _TargetDriver:
+    """What `JITFunction.preload` needs of a driver to compile: the device's index and
+    compile target. Nothing here touches the GPU."""
+
+    def __init__(self, target, index: int):
+        self.target, self.index = target, index
+
+    def is_active(self):
+        return True
+
+    def get_current_device(self):
+        return self.index
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cuda", self.index)
+
+
+def _worker_init(target, index: int, package: str) -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
+    os.environ.pop("TRITON_INTERPRET", None)         # compiled kernels, whatever the parent
+    from triton.runtime import driver
+    driver.set_active(_TargetDriver(target, index))
+    import importlib
+    importlib.import_module(package)
+
+
+def _compile_task(module: str, qualname: str, spec: str) -> tuple[float, str | None]:
+    import importlib
+    t0 = time.monotonic()
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        obj.preload(spec)
+        return time.monotonic() - t0, None
+    except Exception as exc:  # noqa: BLE001 - the measuring process will see it too
+        return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+@dataclass
+class PoolStats:
+    workers: int = 0
+    probed: int = 0          # distinct binaries the probes found
+    compiled: int = 0        # compiled by a worker
+    cached: int = 0          # found in Triton's cache by a worker
+    failed: int = 0
+    cpu_s: float = 0.0       # worker seconds, all tasks
+    compile_s: float = 0.0   # worker seconds of the binaries that were compiled
+    first_s: float | None = None   # pool start -> first result
+    wall_s: float = 0.0      # pool start -> last result
+    errors: list = field(default_factory=list)
+
+    def per_binary_s(self) -> float | None:
+        n = self.compiled + self.cached + self.failed
+        return self.cpu_s / n if n else None
+
+
+class CompilePool:
+    """`workers` processes compiling `Binary`s in priority order (lower first)."""
+
+    def __init__(self, workers: int, target, device_index: int, package: str):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.stats = PoolStats(workers=workers)
+        self.t0 = time.monotonic()
+        self.executor = ProcessPoolExecutor(
+            max_workers=workers, mp_context=mp.get_context("spawn"),
+            initializer=_worker_init, initargs=(target, device_index, package))
+        self.binaries: dict = {}       # bid -> Binary
+        self.status: dict = {}         # bid -> "queued" | "running" | "done" | "failed"
+        self.prio: dict = {}           # bid -> priority (queued ones)
+        self.heap: list = []
+        self.running: dict = {}        # future -> bid
+        self.by_bid: dict = {}         # bid -> future
+        self.cap = OUTSTANDING * workers
+        self.enabled = True
+        self._seq = itertools.count()
+
+    # --- queueing ---------------------------------------------------------------------
+    def add(self, binaries: dict) -> None:
+        """Queue binaries not seen before (after every prioritized one)."""
+        for bid, b in binaries.items():
+            if bid not in self.binaries:
+                self.binaries[bid] = b
+                self.status[bid] = "queued"
+                self.stats.probed += 1
+                self._set(bid, (2, next(self._seq)))
+
+    def prioritize(self, ordered: list[str]) -> None:
+        """Queued binaries in this order (first occurrence), ahead of any others."""
+        seen = set()
+        for i, bid in enumerate(ordered):
+            if bid not in seen and self.status.get(bid) == "queued":
+                self._set(bid, (1, i))
+            seen.add(bid)
+        self.pump()
+
+    def _set(self, bid: str, prio) -> None:
+        self.prio[bid] = prio
+        heapq.heappush(self.heap, (prio, next(self._seq), bid))
+        if len(self.heap) > 4 * len(self.prio) + 1024:      # mostly stale entries
+            self.heap = [e for e in self.heap if self.prio.get(e[2]) == e[0]]
+            heapq.heapify(self.heap)
+
+    def urgent(self, bids) -> None:
+        for bid in bids:
+            if self.status.get(bid) == "queued":
+                self._set(bid, (0, next(self._seq)))
+        self.pump()
+
+    # --- running ----------------------------------------------------------------------
+    def pump(self) -> None:
+        """Collect finished tasks and top the workers up."""
+        if not self.enabled:
+            return
+        self._collect([f for f in self.running if f.done()])
+        while len(self.running) < self.cap and self.heap:
+            prio, _, bid = heapq.heappop(self.heap)
+            if self.status.get(bid) != "queued" or self.prio.get(bid) != prio:
+                continue                              # stale entry
+            b = self.binaries[bid]
+            try:
+                fut = self.executor.submit(_compile_task, b.module, b.qualname, b.spec)
+            except Exception as exc:  # noqa: BLE001 - a broken pool
+                self._disable(exc)
+                return
+            self.status[bid] = "running"
+            self.prio.pop(bid, None)
+            self.running[fut] = bid
+            self.by_bid[bid] = fut
+
+    def _collect(self, futures) -> None:
+        for f in futures:
+            bid = self.running.pop(f)
+            try:
+                secs, err = f.result()
+            except Exception as exc:  # noqa: BLE001 - a worker died: no more pool
+                self.status[bid] = "failed"
+                self._disable(exc)
+                return
+            now = time.monotonic() - self.t0
+            if self.stats.first_s is None:
+                self.stats.first_s = now
+            self.stats.wall_s = now
+            self.stats.cpu_s += secs
+            if err is None:
+                self.status[bid] = "done"
+                if secs < HIT_S:
+                    self.stats.cached += 1
+                else:
+                    self.stats.compiled += 1
+                    self.stats.compile_s += secs
+            else:
+                self.status[bid] = "failed"
+                self.stats.failed += 1
+                if len(self.stats.errors) < 5:
+                    self.stats.errors.append(f"{self.binaries[bid].qualname}: {err}")
+
+    def _disable(self, exc) -> None:
+        if self.enabled:
+            self.enabled = False
+            print(f"autotune: the compile pool stopped ({type(exc).__name__}: {exc}); "
+                  "binaries compile in the measuring process from here on", file=sys.stderr)
+
+    def compiled(self, bid: str) -> bool:
+        return self.status.get(bid) == "done"
+
+    def ready(self, bids) -> bool:
+        """Nothing left for the pool to do for these binaries (compiled, failed, or the
+        pool is off): the measuring process may run them."""
+        if not self.enabled:
+            return True
+        return all(self.status.get(b) not in ("queued", "running") for b in bids)
+
+    def wait(self, bids, timeout: float = 1.0) -> None:
+        """Wait (at most `timeout`) until one of `bids` is done, putting them first; when
+        none of them is running yet, until any task ends (and frees a worker for them)."""
+        self.urgent(bids)
+        futs = [self.by_bid[b] for b in bids if self.status.get(b) == "running"]
+        if not futs:
+            futs = list(self.running)
+        if futs:
+            wait(futs, timeout=timeout, return_when=FIRST_COMPLETED)
+        elif not self.ready(bids):
+            time.sleep(min(timeout, 0.05))
+        self.pump()
+
+    def left(self) -> int:
+        return sum(st in ("queued", "running") for st in self.status.values())
+
+    def close(self) -> None:
+        self.enabled = False
+        try:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def start_pool(workers: int, device, package: str) -> CompilePool | None:
+    """A pool for `device` (CUDA), or None (no workers asked, or it cannot start)."""
+    if workers <= 0 or device.type != "cuda":
+        return None
+    try:
+        from triton.runtime import driver
+        target = driver.active.get_current_target()
+        return CompilePool(workers, target, device.index or 0, package)
+    except Exception as exc:  # noqa: BLE001
+        print(f"autotune: no compile pool ({type(exc).__name__}: {exc}); binaries compile "
+              "in the measuring process", file=sys.stderr)
+        return None

@@ -1,0 +1,453 @@
+"""`tune(opts)`: the whole run, one process on one device (`--workers` hands the keys to
+`autotune.tune.workers`). See the package docstring for the pipeline."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import torch
+
+from ..tables import previous_configs, table_path
+from ..timing import rotation
+from .budget import CostModel, Coverage, gpu_seconds
+from .compile import LoadWatch, probe, start_pool
+from .device import device_name, select_device
+from .measure import Measurer, tensors
+from .options import Options, resolve, results_dir
+from .phases import PHASES, Phases
+from .plan import Job, job_seed, plan, reorder, select_tunables
+from .search import KeySearch, config_id
+from .store import Store
+from .write import (
+    REPORT,
+    finalize,
+    had_tables,
+    key_row,
+    no_slower_at,
+    write_report,
+    write_table,
+)
+
+KEEP_INPUTS = 0.25       # of the free GPU memory: probe input sets kept for measuring
+
+
+def worker_id(index: int | None = None) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":w{index}" if index is not None else "")
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool, desc: str = "tune"):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc=desc, unit="cfg", dynamic_ncols=True,
+                                file=sys.stderr)
+            except Exception:  # noqa: BLE001
+                self.bar = None
+
+    def write(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def done(self) -> int:
+        return self.bar.n if self.bar is not None else 0
+
+    def total(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.total = max(self.bar.n, n)
+            self.bar.refresh()
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(text[:60])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Session:
+    """Measuring on one device: the store, the compile pool and its probes, the cost
+    model, and one key's measurement loop (`measure`)."""
+
+    def __init__(self, opts: Options, device: torch.device, slug: str, phases: Phases,
+                 progress: Progress, worker: str | None = None):
+        self.opts, self.device, self.slug = opts, device, slug
+        self.phases, self.progress = phases, progress
+        self.cuda = device.type == "cuda"
+        with phases("plan"):
+            self.store = Store(opts.storage, results_dir(opts), slug)
+        self.pool = start_pool(opts.compile_workers or 0, device, opts.package) \
+            if self.cuda else None
+        self.watch = LoadWatch(self.pool)
+        self.model = CostModel("cuda" if self.cuda else "cpu",
+                               self.pool.stats.workers if self.pool else 0)
+        self.bins: dict = {}        # study -> {config_id: [binary ids]}
+        self.first: dict = {}       # study -> the probe's input set, kept for measuring
+        self.done: dict = {}        # study -> config_ids the store held at planning
+        self._views: dict = {}
+        self.worker = worker or worker_id()
+
+    # --- before measuring ---------------------------------------------------------------
+    def prepare(self, jobs: list[Job]) -> None:
+        """Read what the store holds for each job; on a GPU with a compile pool, probe
+        every job's grid and queue its binaries."""
+        with self.phases("plan"):
+            for j in jobs:
+                self.done[j.study] = set(self.store.results(j.study))
+        if self.pool is None:
+            return
+        keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0]
+        for j in jobs:
+            with self.phases("probe"):
+                inputs = j.tunable.make_inputs(j.key, self.device, self.opts.seed * 1000)
+                per, binaries = probe(j.tunable.run, inputs, j.order)
+                self.bins[j.study] = per
+                self.pool.add(binaries)
+                nbytes = sum(t.numel() * t.element_size() for t in tensors(inputs))
+                if nbytes <= keep:
+                    self.first[j.study] = inputs
+                    keep -= nbytes
+            self.pool.pump()        # the workers start on the first keys' binaries
+
+    def order_bins(self, job: Job) -> list:
+        per = self.bins.get(job.study, {})
+        return [set(per.get(config_id(c), ())) for c in job.order]
+
+    def prioritize(self, jobs: list[Job], limit) -> None:
+        """Compile order: every job's planned configs in measurement order, then the rest
+        of the grids (ready should the coverage grow)."""
+        if self.pool is None:
+            return
+        first, rest = [], []
+        for j in jobs:
+            per, n = self.bins.get(j.study, {}), limit(len(j.grid))
+            for i, c in enumerate(j.order):
+                (first if i < n else rest).extend(per.get(config_id(c), ()))
+        self.pool.prioritize(first + rest)
+
+    def planning_view(self, jobs: list[Job]) -> list:
+        """What `Coverage.plan` needs of each job (made once a job: a job's view does not
+        change before it is measured)."""
+        out = []
+        for j in jobs:
+            v = self._views.get(j.study)
+            if v is None:
+                held = self.done.get(j.study, set())
+                done = [0]
+                for c in j.order:
+                    done.append(done[-1] + (config_id(c) in held))
+                v = self._views[j.study] = (len(j.grid), done, self.gpu_s(j),
+                                            self.order_bins(j))
+            out.append(v)
+        return out
+
+    def gpu_s(self, job: Job) -> float:
+        if not self.cuda:
+            return 0.0
+        nbytes = job.tunable.bytes_moved(job.key)
+        return gpu_seconds(nbytes, rotation(nbytes, self.device), self.opts.search_reps)
+
+    def plan_coverage(self, cov: Coverage, jobs: list[Job]) -> float:
+        with self.phases("budget"):
+            if self.pool is not None:
+                self.pool.pump()
+                self.model.observe_binaries(self.pool.stats.per_binary_s())
+            compiled = self.pool.compiled if self.pool is not None else (lambda b: True)
+            before = cov.fraction if cov.history else None
+            f = cov.plan(self.planning_view(jobs), compiled)
+            if f != before:
+                self.prioritize(jobs, cov.limit)
+        return f
+
+    def ready(self, job: Job, cfg: dict) -> bool:
+        if self.pool is None:
+            return True
+        return self.pool.ready(self.bins.get(job.study, {}).get(config_id(cfg), ()))
+
+    # --- one key ------------------------------------------------------------------------
+    def measure(self, job: Job, limit: int, *, deadline: float | None = None,
+                on_trial=None):
+        """Measure the first `limit` configs of the job's order that the store lacks
+        (until `deadline`, time.monotonic(), if given, after one at least). Returns
+        (KeySearch, Measurer, seconds spent measuring configs, seconds waiting)."""
+        ph, opts = self.phases, self.opts
+        with ph("inputs"):
+            m = Measurer(job.tunable, job.key, self.device, seed=opts.seed,
+                         search_reps=opts.search_reps, final_reps=opts.final_reps,
+                         first=self.first.pop(job.study, None), phases=ph)
+        with ph("search"):
+            resumed = self.store.results(job.study)
+            ks = KeySearch(job.tunable.space, job.order, limit=limit,
+                           ready=(lambda c: self.ready(job, c)) if self.pool else None,
+                           resumed=resumed, worker=self.worker,
+                           seed=job_seed(opts.seed, job.study))
+        nbytes = job.tunable.bytes_moved(job.key)
+        paced = False
+        h = resumed.get(config_id(job.heuristic)) if job.admitted else None
+        if h is not None and h.status == "ok":
+            m.pace(h.p50)
+            paced = True
+        else:
+            m.pace(2.0 + nbytes / 2.5e6)          # a first guess from the bytes moved
+        gpu_s = self.gpu_s(job)
+        cfg_s = wait_s = 0.0
+        bins = self.bins.get(job.study, {})
+        with self.watch:
+            while ks.left():
+                if deadline is not None and time.monotonic() >= deadline and ks.results:
+                    break
+                if self.pool is not None:
+                    self.pool.pump()
+                nxt = ks.peek()
+                if not self.ready(job, nxt):
+                    with ph("compile_wait"):
+                        t = time.monotonic()
+                        self.pool.wait(bins.get(config_id(nxt), ()), timeout=0.5)
+                        wait_s += time.monotonic() - t
+                    continue
+                with ph("search"):
+                    trial, cfg = ks.ask()
+                t0 = time.monotonic()
+                out = m.evaluate(cfg)
+                dt = time.monotonic() - t0
+                if not paced and out.status == "ok":
+                    m.pace(out.value)
+                    paced = True
+                with ph("search"):
+                    self.store.add(job.study, ks.tell(trial, cfg, out))
+                self.model.observe_config(dt, gpu_s)
+                cfg_s += dt
+                if on_trial is not None:
+                    on_trial(job, cfg, out)
+                with ph("store"):
+                    self.store.maybe_flush()
+        with ph("store"):
+            self.store.flush()
+        return ks, m, cfg_s, wait_s
+
+    def compile_report(self) -> dict:
+        out = {"pool": None, "loaded": self.watch.loads,
+               "compiled_in_process": self.watch.misses}
+        if self.pool is not None:
+            s = self.pool.stats
+            out["pool"] = {"workers": s.workers, "binaries": s.probed,
+                           "compiled": s.compiled, "from_cache": s.cached,
+                           "failed": s.failed, "left": self.pool.left(),
+                           "worker_s": round(s.cpu_s, 1),
+                           "compile_s_mean": round(s.compile_s / s.compiled, 3)
+                           if s.compiled else None,
+                           "first_result_s": None if s.first_s is None
+                           else round(s.first_s, 1),
+                           "wall_s": round(s.wall_s, 1), "errors": s.errors}
+        return out
+
+    def close(self) -> None:
+        try:
+            self.store.flush()
+        finally:
+            if self.pool is not None:
+                self.pool.close()
+
+
+def _attach_previous(jobs: list[Job], out_dir, slug: str, device, seed: int) -> None:
+    """Each job's `previous`: the config the table being rewritten holds for its key
+    (read before the first write; a table made by other kernels loses its other keys'
+    entries at that write, yet each is offered its old config), second in its order."""
+    tables: dict = {}
+    for j in jobs:
+        t = j.tunable
+        if t.name not in tables:
+            tables[t.name] = previous_configs(table_path(out_dir, slug, t.name), t,
+                                              device, slug)
+        j.previous = tables[t.name].get(j.kstr)
+        if j.previous is not None:
+            reorder(j, seed)
+
+
+def _short(cfg: dict, space) -> str:
+    return " ".join(f"{k}={cfg[k]}" for k in space if k in cfg)
+
+
+class Run:
+    """The state of one tune, for the tables and the report."""
+
+    def __init__(self, opts, device, slug, out_dir, jobs, phases, fresh):
+        self.opts, self.device, self.slug, self.out_dir = opts, device, slug, out_dir
+        self.jobs, self.phases, self.fresh = jobs, phases, fresh
+        self.entries: dict = {}      # recipe -> key_str -> entry
+        self.results: dict = {}      # recipe -> key_str -> {config_id: Result}
+        self.rows: list = []
+        self.tables: dict = {}       # recipe -> path
+        self.session: Session | None = None
+        self.coverage: Coverage | None = None
+
+    def finished(self, job: Job, entry: dict | None, results: dict, counts: dict,
+                 planned: int, seconds: float) -> None:
+        """Record a finished key; rewrite its recipe's table (every entry's no_slower_at
+        again, with this key's measurements) and the report."""
+        t = job.tunable
+        self.results.setdefault(t.name, {})[job.kstr] = results
+        self.rows.append(key_row(job, entry, counts, planned, seconds))
+        if entry is None or not entry["admitted"]:
+            return
+        ents = self.entries.setdefault(t.name, {})
+        ents[job.kstr] = entry
+        heur = {j.kstr: j.heuristic if j.admitted else None
+                for j in self.jobs if j.tunable.name == t.name}
+        with self.phases("write"):
+            no_slower_at(ents, self.results[t.name], heur, t.space)
+            self.tables[t.name] = str(write_table(self.out_dir, self.slug, t, self.device,
+                                                  list(ents.values())))
+
+    def report(self, *, complete: bool, interrupted: bool = False, extra=None) -> str:
+        wall = time.monotonic() - self.opts.started
+        path = self.out_dir / self.slug / REPORT
+        s = self.session
+        cov = self.coverage
+        doc = {"slug": self.slug, "gpu": device_name(self.device),
+               "interpreter": self.device.type != "cuda",
+               "wall_s": round(wall, 2), "fresh": self.fresh, "complete": complete,
+               "interrupted": interrupted, "budget_s": self.opts.budget_s or None,
+               "coverage": {"fraction": cov.fraction if cov else None,
+                            "history": cov.history if cov else []},
+               "keys_planned": len(self.jobs),
+               "configs_measured": sum(r["measured"] for r in self.rows),
+               "phases": self.phases.report(wall), "phase_notes": PHASES,
+               "compile": s.compile_report() if s else None,
+               "cost_model": s.model.as_dict() if s else None,
+               "store": {"where": s.store.where, "written": s.store.written,
+                         "flush_s": round(s.store.flush_s, 2)} if s else None,
+               "tables": self.tables, "keys": self.rows, **(extra or {})}
+        with self.phases("write"):
+            write_report(path, doc)
+        return str(path)
+
+
+def tune(opts: Options) -> dict:
+    """Run a tune; returns {"slug", "tables": {recipe: path}, "keys", "elapsed_s",
+    "report", "interpreter"}. KeyboardInterrupt: the store is flushed, the report says
+    so, and the exception goes on (the command line says how to resume)."""
+    device = select_device()
+    opts = resolve(opts, device)
+    phases = Phases()
+    phases.add("startup", max(0.0, time.monotonic() - opts.started))
+    from recipes.tables import gpu_slug
+
+    with phases("plan"):
+        slug = gpu_slug(device)
+        out_dir = results_dir(opts)
+        tunables = select_tunables(opts)
+        fresh = not had_tables(out_dir, slug)
+        jobs = plan(opts, slug, device, tunables)
+        _attach_previous(jobs, out_dir, slug, device, opts.seed)
+    if opts.workers > 1:
+        from .workers import tune_workers
+        return tune_workers(opts, device, slug, out_dir, jobs, phases, fresh)
+    progress = Progress(0, opts.progress)
+    run = Run(opts, device, slug, out_dir, jobs, phases, fresh)
+    session = run.session = Session(opts, device, slug, phases, progress)
+    mode = "GPU" if device.type == "cuda" else "Triton interpreter (smoke, wall-clock)"
+    pool = f"{session.pool.stats.workers} compile processes" if session.pool else \
+        "no compile pool"
+    progress.write(f"autotune: {len(jobs)} keys over {len(tunables)} recipes on "
+                   f"{device_name(device)} [{mode}]; store {session.store.where}; budget "
+                   f"{opts.budget_s or 'none'} s; {pool}")
+    cov = run.coverage = Coverage(opts.budget_s, opts.started, session.model,
+                                  cap=opts.trials, exhaustive=opts.exhaustive)
+    try:
+        session.prepare(jobs)
+        f = session.plan_coverage(cov, jobs)
+        planned = sum(cov.limit(len(j.grid)) for j in jobs)
+        progress.total(planned)
+        if session.pool is not None:
+            progress.write(f"autotune: {sum(len(j.grid) for j in jobs)} configs over "
+                           f"{len(jobs)} keys run {session.pool.stats.probed} distinct "
+                           f"binaries; coverage {f:.0%} of every grid planned ({planned} "
+                           "configs)")
+        _run_jobs(run, jobs, progress)
+    except KeyboardInterrupt:
+        session.close()
+        where = run.report(complete=False, interrupted=True)
+        progress.close()
+        progress.write(f"autotune: interrupted; {session.store.written} measured configs "
+                       f"are in the store {session.store.where} and the keys finished are "
+                       f"in their tables (report {where})")
+        raise
+    finally:
+        session.close()
+    progress.close()
+    where = run.report(complete=True)
+    elapsed = time.monotonic() - opts.started
+    progress.write(f"autotune: wrote {len(run.tables)} table(s) under {out_dir / slug} for "
+                   f"{len(jobs)} keys in {elapsed:.1f} s (coverage "
+                   f"{_coverage_range(cov)}); report {where}")
+    return {"slug": slug, "device": device_name(device), "tables": run.tables,
+            "keys": len(jobs), "elapsed_s": round(elapsed, 1), "report": where,
+            "interpreter": device.type != "cuda"}
+
+
+def _coverage_range(cov: Coverage) -> str:
+    fs = sorted({f for _, f, _ in cov.history}) or [cov.fraction]
+    return f"{fs[0]:.0%}" if len(fs) == 1 else f"{fs[0]:.0%}-{fs[-1]:.0%}"
+
+
+def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
+    session, cov, opts = run.session, run.coverage, run.opts
+
+    def on_trial(job, cfg, out):
+        progress.update(1)
+        if out.status == "wrong":
+            progress.write(f"autotune: WRONG OUTPUT {job.label} config {cfg}: differs from "
+                           "the reference; recorded as failed, never chosen")
+        elif out.status == "error" and opts.verbose:
+            progress.write(f"autotune: {job.label} config {cfg}: pruned ({out.error})")
+
+    for i, j in enumerate(jobs):
+        k0 = time.monotonic()
+        limit = cov.limit(len(j.grid))
+        progress.describe(j.label)
+        ks, m, cfg_s, wait_s = session.measure(j, limit, on_trial=on_trial)
+        entry = finalize(j, m, ks.results, top=opts.top, planned=limit, log=progress.write)
+        seconds = time.monotonic() - k0
+        run.finished(j, entry, ks.results, ks.counts(), limit, seconds)
+        session.model.observe_key(max(0.0, seconds - cfg_s - wait_s))
+        _say_key(progress, j, entry, ks, m, limit, seconds)
+        del m
+        if i + 1 < len(jobs):
+            session.plan_coverage(cov, jobs[i + 1:])
+            progress.total(progress.done() + sum(cov.limit(len(x.grid)) for x in jobs[i + 1:]))
+        run.report(complete=False)
+
+
+def _say_key(progress, j: Job, entry, ks, m, limit: int, seconds: float) -> None:
+    c = ks.counts()
+    head = f"  {j.label}: "
+    if entry is None:
+        head += "no entry (heuristic)"
+    elif not entry["admitted"]:
+        head += (f"heuristic kept at {entry['p50_us']:.2f} us (outside the constraint's "
+                 "grid: no table entry)")
+    else:
+        hp = entry["heuristic_p50_us"]
+        head += (f"{entry['p50_us']:.2f} us {_short(entry['config'], j.tunable.space)}"
+                 + (f"  (heuristic {hp:.2f} us)" if hp else "")
+                 + {"heuristic": "  [heuristic kept]",
+                    "previous table": "  [the previous table's config, re-timed]"}.get(
+                        entry["chosen_from"], ""))
+    progress.write(head + f"  [{c['evaluated']}/{len(j.grid)} configs"
+                   + (f", {c['wrong']} WRONG" if c["wrong"] else "")
+                   + (f", {m.unguarded} timings not shown free of host stalls"
+                      if m.unguarded else "")
+                   + f", {seconds:.1f} s]")
+
+

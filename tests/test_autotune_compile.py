@@ -1,0 +1,91 @@
+"""The compile pool: the probe finds the binaries a config runs (shared across configs
+and keys that launch the same one), worker processes compile them into Triton's cache
+for a GPU target without a GPU, and the measuring side then only loads them. Runs a
+real sm_90 compile on the CPU (Triton bundles the compiler)."""
+import json
+import subprocess
+from concurrent.futures import Future
+
+import pytest
+from autotune_util import PY, REPO, subprocess_env
+from helpers import ON_GPU
+
+from autotune.tune.compile import Binary, CompilePool
+
+
+def test_pool_compiles_what_the_measuring_side_then_loads(tmp_path):
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([PY, "-c", "import sys, autotune_util; "
+                        f"autotune_util.compile_pool_check({str(tmp_path)!r})"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["configs"] == 3 and 1 <= out["binaries"] <= 3
+    assert all(len(v) == 1 for v in out["per"].values())    # one kernel a launch
+    assert out["per2"] == out["per"], "another R launches the same binaries"
+    assert out["compiled"] == out["binaries"] and out["failed"] == 0, out["errors"]
+    assert out["loads"] == out["binaries"] and out["misses"] == 0
+    assert out["new_files"] == [], "the measuring side compiled instead of loading"
+
+
+class _Executor:
+    """Records submissions; every task finishes at once in 0.5 s (compiled)."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, fn, module, qualname, spec):
+        self.submitted.append(qualname)
+        f = Future()
+        f.set_result((0.5, None))
+        return f
+
+    def shutdown(self, **kw):
+        pass
+
+
+def test_pool_order_follows_the_measurement_and_urgent_first(monkeypatch):
+    pool = CompilePool(1, None, 0, "recipes")
+    pool.executor.shutdown()
+    pool.executor = ex = _Executor()
+    pool.cap = 1                         # one task in flight: the order is visible
+    bins = {n: Binary(n, "m", n, "{}") for n in "abcdef"}
+    pool.add(bins)
+    pool.prioritize(["c", "a", "b"])     # planned first, in this order; d, e, f after
+    assert ex.submitted == ["c"]
+    pool.urgent(["e"])                   # the measuring side waits for e: next (a pump:
+    assert ex.submitted == ["c", "e"]    # c is collected, e goes out)
+    pool.pump()
+    assert ex.submitted == ["c", "e", "a"]
+    while pool.left():
+        pool.pump()
+    assert ex.submitted == ["c", "e", "a", "b", "d", "f"]
+    assert pool.ready(list(bins)) and pool.compiled("f")
+    assert pool.stats.compiled == 6 and pool.stats.cpu_s == pytest.approx(3.0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a real tune with the compile pool needs a GPU")
+def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
+    """One small argmax key on the GPU with an empty Triton cache: the pool compiles every
+    binary the probe found and the measuring process compiles none itself; the table
+    carries the kernels' source hash and no_slower_at."""
+    env = subprocess_env(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    r = subprocess.run([PY, "-m", "autotune", "tune", "--recipe", "argmax", "--rows", "4",
+                        "--vocab", "4096", "--dtype", "bfloat16", "--compile-workers", "2",
+                        "--budget-s", "0", "--results", str(tmp_path), "--no-progress"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    from recipes.tables import gpu_slug
+    from recipes.tuning import get
+    slug = gpu_slug()
+    rep = json.loads((tmp_path / slug / "tune-report.json").read_text())
+    pool, comp = rep["compile"]["pool"], rep["compile"]
+    (k,) = rep["keys"]
+    assert k["measured"] == k["admitted"] and pool["failed"] == 0
+    assert pool["compiled"] + pool["from_cache"] == pool["binaries"] > 0
+    assert comp["compiled_in_process"] == 0 and comp["loaded"] == pool["binaries"]
+    tab = json.loads((tmp_path / slug / "argmax.json").read_text())
+    assert tab["header"]["source_hash"] == get("argmax").source_hash()
+    (e,) = tab["entries"]
+    assert e["no_slower_at"] == [] and e["trials"]["wrong"] == 0
