@@ -41,7 +41,8 @@ def update_readme(readme: Path, out: Path, plot_suite_name: str | None = None) -
              f"{header.get('triton')}, {header.get('date')}"
              + (f"; copy bandwidth {bw / 1e12:.2f} TB/s" if bw else "")
              + f". Times: each call behind a plain kernel in a CUDA graph (back to back "
-             f"as a second column). Full tables: [{rel}/BENCH.md]({rel}/BENCH.md).", "",
+             f"as a second column); * : a suite timed by an earlier bench, back to back only "
+             f"(its 'ours' is that time). Full tables: [{rel}/BENCH.md]({rel}/BENCH.md).", "",
              table(*headline_rows(results, bw, header.get("copy_curve"))), "",
              f"![{pick}]({rel}/bench-{pick}.png)", "", HEADLINE_END]
     readme.write_text(text[:a] + "\n".join(block) + text[b + len(HEADLINE_END):])

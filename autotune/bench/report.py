@@ -161,7 +161,9 @@ def headline_rows(results: list[dict], copy_bw: float | None, curve=None):
     rows = []
     for res in results:
         eager, graph, _ = peers(res)
-        cells = [res["suite"], str(len(res["cases"])) + ("" if res["complete"] else " (cut)")]
+        old = primary_regime(res) != "behind"          # an earlier bench's file
+        cells = [res["suite"] + (" *" if old else ""),
+                 str(len(res["cases"])) + ("" if res["complete"] else " (cut)")]
         cells.append(_span(ours_time(e) for e in res["cases"]))
         cells.append(_span(back_to_back_time(e) for e in res["cases"])
                      if primary_regime(res) == "behind" else "")
