@@ -285,8 +285,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
 # The shared split-argmax space (BLOCK_V, SPLIT, UNROLL, num_warps) plus:
 # * BLOCK_V 256 and 512 and 1-2 warps, for the latency-bound small batches (B <= 8): at
 #   B=1 the row is cut into ~60-120 programs of one warp or two, each folding its lanes
-#   without shared memory (H200, V=32000: 2.00 us for 512-element tiles on 2 warps in
-#   `probes/probe-pdl-2.txt`; the tuned pick, 1024 on 4 warps, 1.97 in draft_tail.json);
+#   without shared memory (docs/performance.md, "draft_tail");
 # * BLOCK_V = 16384 (a whole 32000-entry bf16 row in one step of one 16-warp program);
 # * BLOCK_H, the elements of a hidden row one copy program moves, and FUSE_H: 1 copies
 #   the hidden row in the argmax programs instead (slice s of the row by chunk s, its
@@ -294,10 +293,9 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
 #   program a row, 1 us faster than separate copy programs, which find every slot taken
 #   by the scan and run after it).
 # num_stages has one choice: the loops have no dot, so Triton does not pipeline them
-# (sm_90 SASS identical for 1, 2 and 3). A loop under tl.range(num_stages=S) would be
-# pipelined through cp.async copies to shared memory; tried as a config (commit 6a42719)
-# it was slower on every shape timed (B=256: 25.9 us at best against 24.5,
-# `probes/probe-staged.txt`), so it is not in the space.
+# (sm_90 SASS identical for 1, 2 and 3). A loop under tl.range(num_stages=S), which
+# Triton pipelines through cp.async copies to shared memory, was slower on every shape
+# timed (docs/performance.md, "draft_tail"), so it is not in the space.
 SMALL_B = 8     # the batches where 1-2 warp programs and sub-1024 tiles are searched
 SPACE = {
     "BLOCK_V": (256, 512) + tuple(SPLIT_SPACE["BLOCK_V"]) + (16384,),
@@ -621,7 +619,7 @@ def _torch_tail(inp: dict):
 def _bytes(key: dict, hidden_passes: int = 2) -> int:
     """Selected logits rows read once, hidden rows read and written once (hidden in the
     logits' dtype), plus the small per-row traffic. hidden_passes=1 counts the hidden
-    rows once, as issue 5's bandwidth target does (`tools/targets.py`)."""
+    rows once (the bandwidth target of `autotune/targets.py` counts them so)."""
     es = C.dtype_size(key["dtype"])
     B = key["B"]
     return B * key["V"] * es + hidden_passes * B * key["H"] * es + B * (8 + 8 + 4 + 16 + 8)

@@ -86,7 +86,7 @@ def copy_curve(device) -> list:
     rotated past twice the L2 as the cases' are. Its last point (1 GiB a side) is the
     run's bandwidth ceiling. A copy *kernel* (`torch.neg`): a graph-captured `copy_`
     becomes a memcpy node, which the H200 ran at 2.72 TB/s against 4.24 TB/s for an
-    elementwise kernel (results/h200/NOTES.md)."""
+    elementwise kernel (docs/performance.md)."""
     import torch
 
     from autotune.timing import plain_op, rotation, time_graph
