@@ -537,11 +537,11 @@ def _quality_row(reached: bool) -> dict:
 @pytest.mark.parametrize("complete,reached,verdict", [(12, 11, "MET"), (12, 10, "NOT MET"),
                                                       (11, 11, "NOT MET")])
 def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
-    from autotune.quality import _report
+    from autotune.quality import render_report
     rows = [_quality_row(i < reached) for i in range(complete)]
     incomplete = [{"recipe": "r", "key": {"N": 2}, "grid": 40, "measured": 7,
                    "why": "cut by the end of the budget"}]
-    doc = _report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
+    doc = render_report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
                   1, 0.03, 0.5, 1.0)
     assert doc["json"]["verdict"] == verdict and doc["json"]["n_keys"] == complete
     md = doc["markdown"]
@@ -551,7 +551,7 @@ def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
 
 
 def test_quality_replay_walks_the_tuners_order(fake):
-    from autotune.quality import _heuristic_time, replay
+    from autotune.quality import heuristic_time, replay
     from autotune.tune.plan import Job
 
     grid = fake.SCALE.configs(KEY)
@@ -561,11 +561,11 @@ def test_quality_replay_walks_the_tuners_order(fake):
     times[config_id(heur)] = Result("ok", 5.0, config=heur)      # the heuristic is best
     r = replay(job, times, seed=1, frac=0.5, within=0.03)
     assert r["trials_to_goal"] == 1 and r["ratio_at_budget"] == 1.0 and r["budget"] == 9
-    assert _heuristic_time(job, times) == {"us": 5.0, "note": None}
-    assert _heuristic_time(Job(fake.SCALE, KEY, grid, "s", None), times) == {
+    assert heuristic_time(job, times) == {"us": 5.0, "note": None}
+    assert heuristic_time(Job(fake.SCALE, KEY, grid, "s", None), times) == {
         "us": None, "note": "outside the grid"}
     times[config_id(heur)] = Result("error")
-    assert _heuristic_time(job, times) == {"us": None, "note": "error"}
+    assert heuristic_time(job, times) == {"us": None, "note": "error"}
 
 
 def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
