@@ -86,8 +86,7 @@ class Session:
         self.cuda = device.type == "cuda"
         with phases("plan"):
             self.store = Store(opts.storage, results_dir(opts), slug)
-        self.pool = start_pool(opts.compile_workers or 0, device, opts.package) \
-            if self.cuda else None
+        self.pool = start_pool(opts.compile_workers or 0, device, opts.package)
         self.watch = LoadWatch(self.pool)
         self.model = CostModel("cuda" if self.cuda else "cpu",
                                self.pool.stats.workers if self.pool else 0)
@@ -106,7 +105,7 @@ class Session:
                 self.done[j.study] = set(self.store.results(j.study))
         if self.pool is None:
             return
-        keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0]
+        keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0] if self.cuda else 0
         for j in jobs:
             with self.phases("probe"):
                 inputs = j.tunable.make_inputs(j.key, self.device, self.opts.seed * 1000)
