@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from .registry import key_str
-from .tables import _versions, device_info, write_json_atomic, write_text_atomic
+from .tables import device_info, versions, write_json_atomic, write_text_atomic
 from .tune.budget import GUESS
 from .tune.device import select_device
 from .tune.options import Options, resolve, results_dir
@@ -229,7 +229,7 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
     finally:
         session.close()
         progress.close()
-    doc = _report(rows, incomplete, device, slug, opts, seeds, within, frac,
+    doc = render_report(rows, incomplete, device, slug, opts, seeds, within, frac,
                   time.monotonic() - opts.started)
     root = results_dir(opts) / slug
     md_path = Path(out) if out else root / "tuner-quality.md"
@@ -280,11 +280,11 @@ def _replays(j: Job, results: dict, opts: Options, seeds: int, within: float,
     reps = [replay(j, results, seed=opts.seed * 101 + s, frac=frac, within=within)
             for s in range(seeds)]
     return {**row, "optimum_us": min(ok), "optimum_config": json.loads(opt_cid),
-            "heuristic": _heuristic_time(j, results), "replays": reps,
+            "heuristic": heuristic_time(j, results), "replays": reps,
             "budget": reps[0]["budget"]}
 
 
-def _heuristic_time(j: Job, results: dict) -> dict:
+def heuristic_time(j: Job, results: dict) -> dict:
     """The heuristic's config as the exhaustive measurement saw it: {"us": p50 or None,
     "note": None, "outside the grid" (or no heuristic), or its trial's status}."""
     if not j.admitted:
@@ -299,9 +299,9 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
-def _report(rows, incomplete, device, slug, opts, seeds, within, frac, elapsed) -> dict:
+def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, elapsed) -> dict:
     info_d = device_info(device)
-    ver = _versions()
+    ver = versions()
     pct = round(within * 100)
     lines = [f"# Tuner quality on {info_d['gpu']}", ""]
     if info_d["interpreter"]:

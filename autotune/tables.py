@@ -25,18 +25,28 @@ Format (JSON, one object; `format` names the version):
         {
           "key": {"dtype": "bfloat16", "V": 151936, "R": 4},
           "config": {"BLOCK_V": 4096, "SPLIT": 32, "num_warps": 8, "num_stages": 1},
-          "p20_us": 5.1, "p50_us": 5.3, "p80_us": 5.6,   # the config, re-timed at the end
-          "heuristic_config": {...},  "heuristic_p50_us": 6.0,   # same key, same timing
+          "admitted": true,             # the static constraint admits `config` (always)
+          "p20_us": 5.1, "p50_us": 5.3, "p80_us": 5.6,   # `config`, re-timed at the end
+          "heuristic_config": {...},  "heuristic_p50_us": 6.0,   # same key, same re-timing
+          "best_config": {...}, "best_p50_us": 5.3,  # the search's fastest, re-timed
+          "noise": 0.006,               # the run's spread a win had to beat (or null)
+          "chosen_from": "search" | "heuristic" | "previous table",
+                                        # `config` is the heuristic's unless the best
+                                        #   beat it in every round by more than `noise`
           "torch_p50_us": 9.8,  "torch_timing": "graph" | "eager" | "wall" | null,
           "speedup_vs_heuristic": 1.13, "speedup_vs_torch": 1.85,
           "mode": "exhaustive" | "sampled", "grid": 408,   # configs the constraint admits
-          "target": 123, "budget_cut": false,   # configs it meant to run; fewer ran
-                                                #   because the time budget ran out
-          "trials": {"evaluated": 60, "wrong": 0, "errors": 2, "proposals": 75},
-                                        # evaluated: distinct configs run; errors: failed
-                                        # to compile / out of resources (pruned);
-                                        # proposals: trials incl. memoised duplicates
+          "target": 204, "budget_cut": true,   # configs the budget planned; fewer than
+                                               #   the grid were measured
+          "trials": {"evaluated": 204, "wrong": 0, "errors": 2},
+                                        # evaluated: distinct configs measured; errors:
+                                        # failed to compile / out of resources
           "wrong_configs": [{...}],    # configs whose outputs differed from `reference`
+          "previous_config": {...}, "previous_p50_us": 5.4,   # the table it replaced
+          "no_slower_at": [{"dtype": "bfloat16", "V": 151936, "R": 8}, ...],
+                                        # other tuned keys of this table where `config`
+                                        #   was measured correct and no slower than that
+                                        #   key's heuristic (within 1%)
           "study": "<Optuna study name in the store>"
         }
       ]
@@ -73,7 +83,8 @@ import torch
 FORMAT = "spec-cookbook/tuned-table/1"
 
 GPU_TIMING = ("cuda-graph replay median per call, after a GPU warm-up, inputs rotated "
-              "when they fit in L2; best few re-timed at the end")
+              "when they fit in L2; the heuristic's and the best configs re-timed "
+              "together in 3 rounds at the end")
 INTERPRETER_TIMING = ("wall clock under the Triton interpreter (smoke test of the tuner; "
                       "not a GPU measurement)")
 INTERPRETER_LABEL = ("INTERPRETER SMOKE TUNE: checks the tuning pipeline end to end on a "
@@ -85,7 +96,8 @@ def table_path(root: Path, slug: str, recipe: str) -> Path:
     return Path(root) / slug / f"{recipe}.json"
 
 
-def _versions() -> dict:
+def versions() -> dict:
+    """The versions of what a table or report was made with."""
     out = {"torch": torch.__version__, "python": platform.python_version()}
     try:
         import triton
@@ -122,7 +134,7 @@ def build_header(tunable, device: torch.device, slug: str) -> dict:
     else:
         hdr["label"] = f"tuned on {info['gpu']}"
         hdr["timing"] = GPU_TIMING
-    hdr.update(_versions())
+    hdr.update(versions())
     hdr["source_hash"] = tunable.source_hash()
     hdr["space_hash"] = tunable.space_hash()
     hdr["space"] = {k: list(v) for k, v in tunable.space.items()}

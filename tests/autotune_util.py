@@ -52,7 +52,7 @@ def compile_pool_check(cache_dir: str) -> dict:
 
     from autotune.tune import compile as TC
     target = GPUTarget("cuda", 90, 32)
-    driver.set_active(TC._TargetDriver(target, 0))
+    driver.set_active(TC.TargetDriver(target, 0))
     from recipes import _common as C
     from recipes.tuning import all_tunings
     C.check_runnable = lambda *a, **k: None     # CPU tensors into the compiled launcher

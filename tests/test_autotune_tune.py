@@ -537,11 +537,11 @@ def _quality_row(reached: bool) -> dict:
 @pytest.mark.parametrize("complete,reached,verdict", [(12, 11, "MET"), (12, 10, "NOT MET"),
                                                       (11, 11, "NOT MET")])
 def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
-    from autotune.quality import _report
+    from autotune.quality import render_report
     rows = [_quality_row(i < reached) for i in range(complete)]
     incomplete = [{"recipe": "r", "key": {"N": 2}, "grid": 40, "measured": 7,
                    "why": "cut by the end of the budget"}]
-    doc = _report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
+    doc = render_report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
                   1, 0.03, 0.5, 1.0)
     assert doc["json"]["verdict"] == verdict and doc["json"]["n_keys"] == complete
     md = doc["markdown"]
@@ -551,7 +551,7 @@ def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
 
 
 def test_quality_replay_walks_the_tuners_order(fake):
-    from autotune.quality import _heuristic_time, replay
+    from autotune.quality import heuristic_time, replay
     from autotune.tune.plan import Job
 
     grid = fake.SCALE.configs(KEY)
@@ -561,11 +561,11 @@ def test_quality_replay_walks_the_tuners_order(fake):
     times[config_id(heur)] = Result("ok", 5.0, config=heur)      # the heuristic is best
     r = replay(job, times, seed=1, frac=0.5, within=0.03)
     assert r["trials_to_goal"] == 1 and r["ratio_at_budget"] == 1.0 and r["budget"] == 9
-    assert _heuristic_time(job, times) == {"us": 5.0, "note": None}
-    assert _heuristic_time(Job(fake.SCALE, KEY, grid, "s", None), times) == {
+    assert heuristic_time(job, times) == {"us": 5.0, "note": None}
+    assert heuristic_time(Job(fake.SCALE, KEY, grid, "s", None), times) == {
         "us": None, "note": "outside the grid"}
     times[config_id(heur)] = Result("error")
-    assert _heuristic_time(job, times) == {"us": None, "note": "error"}
+    assert heuristic_time(job, times) == {"us": None, "note": "error"}
 
 
 def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
@@ -582,3 +582,89 @@ def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert cli.main(["bench", "--preset", "smoke"]) == 2
     assert "autotune/bench.py" in capsys.readouterr().err
+
+
+class _FakePool:
+    """A compile pool that compiles one queued binary (in its priority order) every
+    fourth pump, and at once what the measuring side waits for."""
+
+    def __init__(self):
+        from autotune.tune.compile import PoolStats
+        self.stats = PoolStats(workers=2)
+        self.status, self.order, self.waited = {}, [], []
+        self.pumps = 0
+
+    def add(self, binaries):
+        for b in binaries:
+            self.status.setdefault(b, "queued")
+            self.stats.probed += 1
+
+    def prioritize(self, ordered):
+        self.order = list(dict.fromkeys(ordered))
+
+    def _compile(self, b):
+        if self.status[b] == "queued":
+            self.status[b] = "done"
+            self.stats.compiled += 1
+            self.stats.cpu_s += 0.5
+
+    def pump(self):
+        self.pumps += 1
+        nxt = next((b for b in self.order if self.status[b] == "queued"), None)
+        if nxt is not None and self.pumps % 4 == 0:
+            self._compile(nxt)
+
+    def wait(self, bids, timeout=1.0):
+        self.waited.append(list(bids))
+        for b in bids:
+            self._compile(b)
+
+    def ready(self, bids):
+        return all(self.status.get(b) != "queued" for b in bids)
+
+    def compiled(self, bid):
+        return self.status.get(bid) == "done"
+
+    def left(self):
+        return sum(s == "queued" for s in self.status.values())
+
+    def close(self):
+        pass
+
+
+def test_measuring_follows_the_compile_pool(tmp_path, fake, monkeypatch):
+    """The run with a compile pool, on stand-ins: each config's binaries come from the
+    probe, the pool gets the planned configs first in measurement order, a config is
+    measured once its binaries are compiled (a later ready one first), and the report
+    has the pool's numbers and the wait."""
+    from autotune.tune import run as R
+
+    pool = _FakePool()
+    monkeypatch.setattr(R, "start_pool", lambda *a, **k: pool)
+
+    def probe(run, inputs, configs):                 # configs share binaries by BLOCK
+        per = {config_id(c): [f"B{c['BLOCK']}"] for c in configs}
+        return per, {b[0]: b[0] for b in per.values()}
+
+    monkeypatch.setattr(R, "probe", probe)
+    uncompiled = []
+    orig = fake.SCALE.run
+
+    def run(x, cfg):
+        if not pool.compiled(f"B{cfg['BLOCK']}"):
+            uncompiled.append(cfg)
+        return orig(x, cfg)
+
+    fake.SCALE.run = run
+    try:
+        tune(_opts(tmp_path, trials=8))
+    finally:
+        fake.SCALE.run = orig
+    heur = fake.heuristic(KEY, None)
+    assert pool.order[0] == f"B{heur['BLOCK']}"      # the heuristic's binary goes first
+    assert pool.waited and not uncompiled            # it waited rather than run one early
+    measured = [info(t)["config"] for t in _trials(tmp_path)]
+    assert len(measured) == 8
+    r = _report(tmp_path)
+    assert r["compile"]["pool"]["binaries"] == 4 and r["compile"]["pool"]["workers"] == 2
+    assert "compile_wait" in r["phases"]

@@ -314,7 +314,7 @@ def test_heuristic_and_registration(device, monkeypatch):
         assert small["SPLIT"] > 1                                 # many chunks at B = 1
         big = M.heuristic(M.tune_key(torch.bfloat16, 151936, 512, 4096), device)
         assert big["SPLIT"] == 1                                  # a program a row
-    assert len(tun.default_keys("gpu")) <= 4
+    assert len(tun.default_keys("gpu")) <= 8       # the benchmark's B at two Vd (tune budget)
     for key in tun.default_keys("smoke"):
         inp = tun.make_inputs(key, device, 0)
         clone = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inp.items()}

@@ -129,7 +129,7 @@ class LoadWatch:
 
 
 # --- the worker processes ------------------------------------------------------------
-class _TargetDriver:
+class TargetDriver:
     """What `JITFunction.preload` needs of a driver to compile: the device's index and
     compile target. Nothing here touches the GPU."""
 
@@ -158,7 +158,7 @@ def _worker_init(target, index: int, package: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
     os.environ.pop("TRITON_INTERPRET", None)         # compiled kernels, whatever the parent
     from triton.runtime import driver
-    driver.set_active(_TargetDriver(target, index))
+    driver.set_active(TargetDriver(target, index))
     import importlib
     importlib.import_module(package)
 

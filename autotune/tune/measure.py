@@ -14,11 +14,10 @@ bits; only a config that passes is timed.
 Timing (`autotune.timing.time_graph`): the config's calls over the rotation sets captured
 in a CUDA graph, replayed `reps` times behind a GPU sleep so that host stalls cannot show;
 the per-call median is the trial's value. The GPU is warmed up (`time_graph`'s warm-up)
-only when it idled since this key's last timing, not for every config. Each call runs
-behind a plain one-element op (`behind=`), the benchmark's primary regime. A replay holds
-every rotation set once and, for a short kernel, enough calls to last ~`REPLAY_US` (at
-most 20): the heuristic's time, measured first, sets that count for the key's other
-configs.
+only when it idled since the last timing, not for every config. Each call runs behind a
+plain one-element op (`behind=`), the benchmark's primary regime. A replay holds every
+rotation set once and, for a short kernel, enough calls to last ~`REPLAY_US` (at most
+20): the first config measured (the heuristic's) sets that count for the key's others.
 
 Under the Triton interpreter (no GPU) a timing is the host's wall clock (`time_wall`):
 the smoke tune checks the pipeline, not the kernels' speed.

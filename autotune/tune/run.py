@@ -86,8 +86,7 @@ class Session:
         self.cuda = device.type == "cuda"
         with phases("plan"):
             self.store = Store(opts.storage, results_dir(opts), slug)
-        self.pool = start_pool(opts.compile_workers or 0, device, opts.package) \
-            if self.cuda else None
+        self.pool = start_pool(opts.compile_workers or 0, device, opts.package)
         self.watch = LoadWatch(self.pool)
         self.model = CostModel("cuda" if self.cuda else "cpu",
                                self.pool.stats.workers if self.pool else 0)
@@ -106,7 +105,7 @@ class Session:
                 self.done[j.study] = set(self.store.results(j.study))
         if self.pool is None:
             return
-        keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0]
+        keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0] if self.cuda else 0
         for j in jobs:
             with self.phases("probe"):
                 inputs = j.tunable.make_inputs(j.key, self.device, self.opts.seed * 1000)
@@ -259,7 +258,7 @@ class Session:
                 self.pool.close()
 
 
-def _attach_previous(jobs: list[Job], out_dir, slug: str, device, seed: int) -> None:
+def attach_previous(jobs: list[Job], out_dir, slug: str, device, seed: int) -> None:
     """Each job's `previous`: the config the table being rewritten holds for its key
     (read before the first write; a table made by other kernels loses its other keys'
     entries at that write, yet each is offered its old config), second in its order."""
@@ -349,7 +348,7 @@ def tune(opts: Options) -> dict:
         tunables = select_tunables(opts)
         fresh = not had_tables(out_dir, slug)
         jobs = plan(opts, slug, device, tunables)
-        _attach_previous(jobs, out_dir, slug, device, opts.seed)
+        attach_previous(jobs, out_dir, slug, device, opts.seed)
     if opts.workers > 1:
         from .workers import tune_workers
         return tune_workers(opts, device, slug, out_dir, jobs, phases, fresh)
@@ -421,7 +420,7 @@ def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
         seconds = time.monotonic() - k0
         run.finished(j, entry, ks.results, ks.counts(), limit, seconds)
         session.model.observe_key(max(0.0, seconds - cfg_s - wait_s))
-        _say_key(progress, j, entry, ks, m, limit, seconds)
+        say_key(progress, j, entry, ks, m, limit, seconds)
         del m
         if i + 1 < len(jobs):
             session.plan_coverage(cov, jobs[i + 1:])
@@ -429,7 +428,7 @@ def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
         run.report(complete=False)
 
 
-def _say_key(progress, j: Job, entry, ks, m, limit: int, seconds: float) -> None:
+def say_key(progress, j: Job, entry, ks, m, limit: int, seconds: float) -> None:
     c = ks.counts()
     head = f"  {j.label}: "
     if entry is None:

@@ -77,14 +77,14 @@ def _worker_main(opts, index: int, n: int, q) -> None:
         from .options import resolve, results_dir
         from .phases import Phases
         from .plan import plan
-        from .run import Progress, Session, _attach_previous, _say_key, worker_id
+        from .run import Progress, Session, attach_previous, say_key, worker_id
         from .write import finalize
 
         opts = resolve(opts, device)
         slug = gpu_slug(device)
         phases = Phases()
         jobs = plan(opts, slug, device)
-        _attach_previous(jobs, results_dir(opts), slug, device, opts.seed)
+        attach_previous(jobs, results_dir(opts), slug, device, opts.seed)
         mine = list(range(index, len(jobs), n))
         lines: list = []
         progress = Progress(0, False)
@@ -105,7 +105,7 @@ def _worker_main(opts, index: int, n: int, q) -> None:
                                  log=lines.append)
                 seconds = time.monotonic() - k0
                 session.model.observe_key(max(0.0, seconds - cfg_s - wait_s))
-                _say_key(progress, j, entry, ks, m, limit, seconds)
+                say_key(progress, j, entry, ks, m, limit, seconds)
                 q.put(("key", i, entry, ks.counts(), limit, seconds, "\n".join(lines)))
                 lines.clear()
                 if k + 1 < len(mine):
