@@ -201,3 +201,13 @@ def test_views_list_tables_only(results, fake):
     assert "fake_scale" in text and "N=256" in text
     assert "BENCH" not in text and "overhead" not in text
     assert "broken" in text
+
+
+def test_tables_are_written_readable_by_all(tmp_path):
+    """A table is for every user of the machine: the umask's mode, not mkstemp's 0600."""
+    old = os.umask(0o022)
+    try:
+        tables.write_json_atomic(tmp_path / "t.json", {"entries": []})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "t.json").stat().st_mode & 0o777 == 0o644
