@@ -121,6 +121,6 @@ for step in "${steps[@]}"; do
   esac
 done
 if [ -n "$wrote_results" ] && [ -d "$results" ]; then
-  tar czf "$out/results-$slug.tgz" --exclude='*.db*' "$results"
+  tar czf "$out/results-$slug.tgz" --exclude='*.db*' --exclude='studies.journal*' "$results"
 fi
 exit $status
