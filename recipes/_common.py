@@ -21,6 +21,8 @@ from .tables import resolve as _resolve
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT64_MIN = -(2**63)
+# the integer dtype of each element size: bits moved or compared as integers
+SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def interpreter_active() -> bool:

@@ -374,9 +374,6 @@ def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict
 
 
 # --- launcher --------------------------------------------------------------------------
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def _gather_block(width: int, itemsize: int, num_warps: int) -> int:
     """The tile of a gathered-row copy program: the row's next power of two, at most
     64 bytes a thread (a tile of BLOCK_G elements moves in one step)."""
@@ -414,7 +411,7 @@ def launch_draft_tail(logits: torch.Tensor, rows: torch.Tensor | None,
     block_g, g_tiles = 1, 0
     if G > 0:
         size = gather[0].element_size()
-        g_src, g_dst = (t.view(_SAME_SIZE_INT[size]) for t in gather)
+        g_src, g_dst = (t.view(C.SAME_SIZE_INT[size]) for t in gather)
         block_g = _gather_block(G, size, cfg["num_warps"])
         g_tiles = cdiv(G, block_g)
     grid = B * split + n_hidden + B * g_tiles

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 
+from ._common import SAME_SIZE_INT
+
 
 @dataclass
 class Tuning:
@@ -92,15 +94,12 @@ def code_text(obj) -> str:
     return ast.unparse(tree)
 
 
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def bits(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bit patterns on the CPU (floating dtypes as same-size integers, so -0.0
     differs from +0.0 and a NaN equals the same NaN); other dtypes as they are."""
     t = t.detach().cpu().contiguous()
     if t.is_floating_point():
-        return t.view(_SAME_SIZE_INT[t.element_size()])
+        return t.view(SAME_SIZE_INT[t.element_size()])
     return t
 
 
