@@ -45,7 +45,6 @@ class BenchSuite:
     extra: dict = field(default_factory=dict)
 
 
-_EXTRA: dict[str, Tuning] = {}
 _LIBRARY: dict[str, Tuning] = {}
 _BENCHES: dict[str, BenchSuite] = {}
 _LOADED_SUITES: list = []
@@ -54,12 +53,10 @@ _LOADED_SUITES: list = []
 def register(t: Tuning) -> Tuning:
     """Add a tunable besides the library's (tests use throw-away ones); dispatch checks
     its tables too (`recipes.tuning.register`)."""
-    _EXTRA[t.name] = t
     return _lib.register(t)
 
 
 def unregister(name: str) -> None:
-    _EXTRA.pop(name, None)
     _lib.unregister(name)
 
 
@@ -79,7 +76,7 @@ def tunables() -> dict[str, Tuning]:
     """The library's declarations (read on first use) and any registered ones."""
     if not _LIBRARY:
         load_recipes()
-    return {**_LIBRARY, **_EXTRA}
+    return {**_LIBRARY, **_lib.registered()}
 
 
 def register_bench(s: BenchSuite) -> BenchSuite:

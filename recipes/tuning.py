@@ -143,6 +143,11 @@ def unregister(name: str) -> None:
     _EXTRA.pop(name, None)
 
 
+def registered() -> dict[str, Tuning]:
+    """The declarations `register` added, by name."""
+    return dict(_EXTRA)
+
+
 def get(name: str) -> Tuning | None:
     """The declaration for table `name` (the library's, else a registered one), or None."""
     for t in all_tunings():
