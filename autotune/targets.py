@@ -262,17 +262,11 @@ def _tune_keys(inp) -> list[dict]:
     return keys
 
 
-def _evaluated(k: dict):
-    if "evaluated" in k:
-        return k["evaluated"]
-    return (k.get("trials") or {}).get("evaluated")
-
-
 def tune_coverage(inp):
     keys = _tune_keys(inp)
     frac, short = [], []
     for k in keys:
-        grid, done = k.get("grid"), _evaluated(k)
+        grid, done = k.get("admitted"), k.get("measured")     # the report's key rows
         if not grid or done is None:
             short.append(f"{k.get('recipe', '?')} {_lab(k.get('key') or {})}: no counts")
             continue

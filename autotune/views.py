@@ -25,8 +25,9 @@ def _tables(root: Path | None, slug: str, recipes: list[str] | None):
         if p.name.startswith(".") or (recipes and p.stem not in recipes):
             continue
         try:
-            if json.loads(p.read_text()).get("format") != FORMAT:
-                continue
+            doc = json.loads(p.read_text())
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+                continue        # a report (targets.json is a list), not a table
         except Exception:  # noqa: BLE001 - a damaged file: read_table says why below
             pass
         try:

@@ -196,10 +196,11 @@ def test_views_list_tables_only(results, fake):
                                              {"BLOCK": 64, "W": 2, "S": 1})])
     (results / "x" / "BENCH.json").write_text(json.dumps({"gpu": "Test GPU", "suites": []}))
     (results / "x" / "overhead.json").write_text(json.dumps({"rows": []}))
+    (results / "x" / "targets.json").write_text(json.dumps([{"id": "tune.wall"}]))
     (results / "x" / "broken.json").write_text("{not json")
     text = views.report_markdown(results, "x")
     assert "fake_scale" in text and "N=256" in text
-    assert "BENCH" not in text and "overhead" not in text
+    assert "BENCH" not in text and "overhead" not in text and "targets" not in text
     assert "broken" in text
 
 

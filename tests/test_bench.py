@@ -127,6 +127,7 @@ def test_render_tables_plots_and_readme(tmp_path):
     text = page.read_text()
     assert "old" not in text and text.startswith("intro") and text.rstrip().endswith("rest")
     assert "(results/h200/bench-argmax.png)" in text and "| argmax" in text
+    assert "* : a suite timed by an earlier bench" not in text      # none is marked
     # the plotted suite is the one whose extra says so, not a name the bench knows
     other = results.read_json(out / "bench-other.json")
     results.write_json(out / "bench-other.json", {**other, "extra": {"readme": True}})
@@ -150,6 +151,11 @@ def test_a_run_from_before_the_primary_timing_reads_as_back_to_back(tmp_path):
     results.write_json(out / "bench-argmax.json", res)
     report.render(out)
     assert report.BACK_TO_BACK_NOTE in (out / "bench-argmax.md").read_text()
+    page = tmp_path / "README.md"
+    page.write_text(f"{readme.HEADLINE_START}\n{readme.HEADLINE_END}\n")
+    assert readme.update_readme(page, out)
+    text = page.read_text()
+    assert "| argmax *" in text and "* : a suite timed by an earlier bench" in text
 
 
 def test_plot_slice_of_a_suite_of_several_ops():
@@ -307,7 +313,7 @@ def test_make_states_clones_only_exact_layouts(device):
     assert made == [7, 8, 9] and st[1]["x"].stride() == (8, 1)
 
 
-def test_a_suite_from_an_earlier_run_says_so(tmp_path):
+def test_a_suite_from_another_run_says_so(tmp_path):
     out = tmp_path / "r"
     write_fake(out)
     old = fake_suite()
@@ -316,6 +322,10 @@ def test_a_suite_from_an_earlier_run_says_so(tmp_path):
     report.render(out)
     md = (out / "BENCH.md").read_text()
     assert "Measured by an earlier run: 2024-12-31 00:00 UTC" in md
+    old["date"] = "2099-01-01 00:00 UTC"        # a suite re-run after the page's run
+    results.write_json(out / "bench-argmax.json", old)
+    report.render(out)
+    assert "Measured by a later run: 2099-01-01 00:00 UTC" in (out / "BENCH.md").read_text()
     same = fake_suite()
     same["date"] = HEADER["date"]
     results.write_json(out / "bench-argmax.json", same)
@@ -394,8 +404,8 @@ def test_targets_from_synthetic_results(tmp_path):
          "errors": {}, "timings": {"ours": {"p50": 1.9, "mode": "graph"}}}]}
     results.write_json(root / "bench-chain_verify.json", old)
     results.write_json(root / "tune-report.json", {"wall_s": 431.0, "fresh": True, "keys": [
-        {"recipe": "argmax", "key": {"R": 1}, "grid": 96, "trials": {"evaluated": 50}},
-        {"recipe": "relay", "key": {"B": 1}, "grid": 40, "evaluated": 12}]})
+        {"recipe": "argmax", "key": {"R": 1}, "admitted": 96, "measured": 50},
+        {"recipe": "relay", "key": {"B": 1}, "admitted": 40, "measured": 12}]})
     assert targets.main([str(root)]) == 0
     rows = {r["id"]: r for r in results.read_json(root / "targets.json")}
     assert set(rows) >= {"dropin.verify_b1", "dropin.verify_all", "dropin.draft_all",
@@ -412,7 +422,9 @@ def test_targets_from_synthetic_results(tmp_path):
     assert rows["verify.greedy_b1"]["met"] is None            # timed back to back only
     assert "earlier bench" in rows["verify.greedy_b1"]["reason"]
     assert rows["tune.wall"]["met"] is True and rows["tune.wall"]["measured"] == 431.0
-    assert rows["tune.coverage"]["met"] is False and "relay" in rows["tune.coverage"]["detail"]
+    assert rows["tune.coverage"]["met"] is False and rows["tune.coverage"]["measured"] == 30.0
+    assert "relay B=1: 12 of 40" in rows["tune.coverage"]["detail"]
+    assert "argmax" not in rows["tune.coverage"]["detail"]    # 50 of 96: over half
     assert rows["tune.quality"]["met"] is None                # no tuner-quality.json
     assert rows["tune.never_slower"]["met"] is False          # 2.5 vs 2.0 us: 25% slower
     results.write_json(root / "tune-report.json", {"wall_s": 100.0, "fresh": False})

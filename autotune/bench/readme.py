@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .report import headline_rows, table
-from .results import load
+from .results import load, primary_regime
 
 HEADLINE_START = "<!-- bench:headline:start -->"
 HEADLINE_END = "<!-- bench:headline:end -->"
@@ -40,9 +40,11 @@ def update_readme(readme: Path, out: Path, plot_suite_name: str | None = None) -
              f"{header.get('gpu', out.name)}, torch {header.get('torch')}, triton "
              f"{header.get('triton')}, {header.get('date')}"
              + (f"; copy bandwidth {bw / 1e12:.2f} TB/s" if bw else "")
-             + f". Times: each call behind a plain kernel in a CUDA graph (back to back "
-             f"as a second column); * : a suite timed by an earlier bench, back to back only "
-             f"(its 'ours' is that time). Full tables: [{rel}/BENCH.md]({rel}/BENCH.md).", "",
+             + ". Times: each call behind a plain kernel in a CUDA graph (back to back "
+             "as a second column)"
+             + ("; * : a suite timed by an earlier bench, back to back only (its 'ours' is "
+                "that time)" if any(primary_regime(r) != "behind" for r in results) else "")
+             + f". Full tables: [{rel}/BENCH.md]({rel}/BENCH.md).", "",
              table(*headline_rows(results, bw, header.get("copy_curve"))), "",
              f"![{pick}]({rel}/bench-{pick}.png)", "", HEADLINE_END]
     readme.write_text(text[:a] + "\n".join(block) + text[b + len(HEADLINE_END):])

@@ -272,7 +272,8 @@ def _suite_md(res: dict, header: dict, out: Path, copy_bw, curve) -> list[str]:
     """A suite's section: title, provenance, notes, plot (the table comes after)."""
     md = [f"## {res['title']}", ""]
     if res.get("date") and res.get("date") != header.get("date"):
-        md += [f"*Measured by an earlier run: {res['date']}, `{res.get('command')}` "
+        when = "a later" if res["date"] > header.get("date", "") else "an earlier"
+        md += [f"*Measured by {when} run: {res['date']}, `{res.get('command')}` "
                "(its copy ceiling and curve were measured again by this page's run "
                "on the same GPU).*", ""]
     if primary_regime(res) == "graph":
