@@ -9,9 +9,10 @@ Where tables are found, first match wins (`search_roots`):
      installed wheel, `results/` of a source checkout.
 
 A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table of the
-device's GPU is read once per process; the exact key wins, else a nearby tuned key whose
-config the table records as measured no slower than the heuristic at this key's tuned
-neighbours (`nearest`), else the heuristic. A table is ignored, with one warning, when
+device's GPU is read once per process; the exact key wins, else, for a key between tuned
+keys (never beyond them), a nearby tuned key whose config the table records as measured
+no slower than the heuristic at this key's tuned neighbours (`nearest`), else the
+heuristic. A table is ignored, with one warning, when
 it was made under the interpreter (on a GPU), over another search space, or for kernel
 source that has changed since (`header.source_hash`); entries whose config the current
 space does not admit are dropped with one warning. A missing table is silent. Nothing
@@ -208,11 +209,28 @@ def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
     return d
 
 
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def inside_tuned(entries, key: dict) -> bool:
+    """Whether every numeric field of `key` lies within the values that the tuned keys
+    of its kind (same fields, same categorical values) span in that field: a key between
+    tuned keys interpolates; one beyond them all (K = 1 or 4 where only K = 3 was tuned)
+    extrapolates, and a borrowed config measured slower than the heuristic there."""
+    kin = [k for k, *_ in entries if set(k) == set(key)
+           and all(_numeric(v) or k[f] == v for f, v in key.items())]
+    return bool(kin) and all(
+        min(k[f] for k in kin) <= v <= max(k[f] for k in kin)
+        for f, v in key.items() if _numeric(v))
+
+
 def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
-    """The config to run at `key`: the exact entry's; else that of the nearest entry
-    within `max_field` (`key_distance`) whose config was measured no slower than the
-    heuristic at every other tuned key near `key` (its `no_slower_at`), where there are
-    at least two: a borrowed config is one that held up around `key`. Else None (the
+    """The config to run at `key`: the exact entry's; else, for a key inside the tuned
+    keys' span in every numeric field (`inside_tuned`), that of the nearest entry within
+    `max_field` (`key_distance`) whose config was measured no slower than the heuristic
+    at every other tuned key near `key` (its `no_slower_at`), where there are at least
+    two: a borrowed config is one that held up around `key`. Else None (the
     heuristic)."""
     from .tuning import key_str
 
@@ -224,7 +242,7 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
         if d < math.inf:
             near.append((d, e))
     near.sort(key=lambda de: de[0])
-    if len(near) < 2:
+    if len(near) < 2 or not inside_tuned(entries, key):
         return None
     names = [key_str(e[0]) for _, e in near]
     for _, (k, cfg, ok_at) in near:

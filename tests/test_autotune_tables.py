@@ -9,7 +9,7 @@ from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import tables
 from recipes import tables as dispatch
-from recipes.tables import key_distance, lookup, lookup_slug, nearest
+from recipes.tables import inside_tuned, key_distance, lookup, lookup_slug, nearest
 from recipes.tuning import key_str
 
 
@@ -91,7 +91,8 @@ def test_key_distance_and_nearest():
     assert nearest(entries, {**a, "R": 20}) is None            # r32 alone near; not lent
     assert nearest(entries, {**a, "R": 400}) is None           # r256 never measured elsewhere
     assert nearest(entries, {**a, "R": 4096}) is None          # beyond a factor ~2
-    assert nearest(entries, {**a, "R": 4096}, max_field=float("inf")) == "r32"
+    assert nearest(entries, {**a, "R": 12}, max_field=float("inf")) == "r32"
+    assert nearest(entries, {**a, "R": 4096}, max_field=float("inf")) is None  # beyond all
     assert nearest(entries, {**a, "R": 12}) is None            # 1 and 32 both too far
     assert nearest(entries, {**a, "dtype": "float16"}) is None
     # R=2 has two tuned keys near it (R=1, R=4): a config is lent only where it was
@@ -100,6 +101,21 @@ def test_key_distance_and_nearest():
     assert nearest(entries, {**a, "R": 2}) is None
     entries[0] = (r1, "r1", ks(a))
     assert nearest(entries, {**a, "R": 2}) == "r1"
+
+
+def test_nearest_interpolates_never_extrapolates():
+    """A config is lent only to a key inside the span of the tuned keys of its kind in
+    every numeric field: K = 4 lies beyond K = 3, the only K tuned, so even configs that
+    held up at both neighbours are not lent there."""
+    ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
+    r4, r8 = ({"dtype": "bfloat16", "R": 4, "K": 3}, {"dtype": "bfloat16", "R": 8, "K": 3})
+    entries = [(r4, "r4", ks(r8)), (r8, "r8", ks(r4))]
+    assert inside_tuned(entries, {**r4, "R": 6}) and nearest(entries, {**r4, "R": 6}) == "r8"
+    for beyond in ({**r4, "R": 6, "K": 4}, {**r4, "R": 6, "K": 2}, {**r8, "R": 12}):
+        assert not inside_tuned(entries, beyond) and nearest(entries, beyond) is None
+    # another dtype's tuned keys do not widen the span
+    entries.append(({"dtype": "float32", "R": 6, "K": 7}, "f32", ks()))
+    assert nearest(entries, {**r4, "R": 6, "K": 4}) is None
 
 
 def test_dispatch_exact_then_nearest(results, fake):
