@@ -422,6 +422,18 @@ def test_verify_is_graph_capturable(device):
     assert_outputs(out, sglang_target_verify(x, cand, ridx, rnext, seq), "graph")
 
 
+def test_verify_runs_the_heuristic_not_chain_verifys_table(device):
+    """chain_verify's tables time a launch without SGLang's epilogue: with config=None the
+    adapter runs chain_verify's heuristic config and never asks the tables."""
+    from recipes.tables import trace_configs
+
+    x, cand, ridx, rnext, seq = _verify_args(device)
+    with trace_configs() as trace:
+        S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq)
+        CV.chain_verify(x, cand[:, 1:])
+    assert [r for r, *_ in trace] == ["chain_verify"]       # the plain call's lookup only
+
+
 # --- one launch, equal to the compositions it replaces -------------------------------------
 VERIFY_SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}
 TAIL_SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 2048, "num_warps": 4,

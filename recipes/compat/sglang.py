@@ -48,8 +48,10 @@ Beyond SGLang, each helper takes keyword-only `out=`, its output tuple of preall
 tensors (a field may be None to have it allocated; with every field given a call
 allocates nothing, e.g. inside a step graph; each one must have the field's exact shape
 and dtype, be contiguous and on the inputs' device), and `config=`, a launch config of
-the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`; None: the tuned
-table, else the heuristic). Outputs never depend on the config.
+the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: for the draft
+helpers draft_tail's tuned table, else its heuristic; for target_verify chain_verify's
+heuristic, since chain_verify's tables time a launch without SGLang's epilogue. Outputs
+never depend on the config.
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
@@ -87,6 +89,7 @@ import torch
 
 from .. import _common as C
 from ..chain_verify import VerifyResult, launch_verify
+from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import resolve_config as verify_config
 from ..chain_verify import tune_key as verify_key
 from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
@@ -239,7 +242,11 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     if B == 0:
         return res
     K, V = N - 1, next_token_logits.shape[-1]
-    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev)
+    # chain_verify's tuned tables time its plain finish, not this launch with SGLang's
+    # epilogue, which changes which configs are fast (docs/performance.md): so the
+    # heuristic's config unless `config=` names one
+    key = verify_key(next_token_logits.dtype, V, B, K)
+    cfg = verify_heuristic(key, dev) if config is None else verify_config(config, key, dev)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
