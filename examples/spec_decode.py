@@ -78,6 +78,7 @@ import copy
 import datetime
 import inspect
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -717,6 +718,7 @@ def run_bench(args, device) -> int:
     head = ["B", "K", "loop", "tokens/s", "ms/step", "tokens/step", "draft ms", "verify ms",
             "tail ms", "of which lm_head"]
     md = ["# Speculative decoding loop: recipes vs plain torch", "", _versions(device), "",
+          f"Made by `{args.command}`.", "",
           f"Target: Llama, hidden {H}, {target.config.num_hidden_layers} layers, V={V}, "
           f"{str(dtype).replace('torch.', '')}, random weights; draft: its first "
           f"{draft.config.num_hidden_layers} layer(s), norm and lm_head (the deeper layers' "
@@ -779,6 +781,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="report path (--bench)")
     args = p.parse_args(argv)
+    args.command = shlex.join(["python", "examples/spec_decode.py",
+                               *(sys.argv[1:] if argv is None else argv)])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.check:
         return run_check(args, device)

@@ -146,5 +146,6 @@ def test_cli(tmp_path, capsys):
                   "--repeat", "1", "--out", str(out)])
     text = out.read_text()
     assert rc == 0 and "the same tokens" in text and "transformers" in text
+    assert "Made by `python examples/spec_decode.py --bench --tiny --batch 2" in text
     if ON_GPU:   # the side stream's measurement is in the report
         assert "Side stream" in text
