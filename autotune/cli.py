@@ -204,7 +204,7 @@ def _run_measuring(a, argv: list[str]) -> int:
         from .quality import quality
         quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within, frac=a.frac,
                 min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
-                out=a.out)
+                out=a.out, command=shlex.join(["python", "-m", "autotune", *argv]))
         return 0
     except KeyboardInterrupt:
         print(_resume_hint(argv), file=sys.stderr)

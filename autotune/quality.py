@@ -181,7 +181,8 @@ def grid_coverage(grid: list[dict], results: dict) -> int:
 
 def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 0.03,
             frac: float = 0.5, min_grid: int = 30, max_grid: int = 200,
-            measure: bool = True, out: str | None = None) -> Path:
+            measure: bool = True, out: str | None = None,
+            command: str | None = None) -> Path:
     device = select_device()
     cuda = device.type == "cuda"
     asked = opts.budget_s
@@ -230,7 +231,8 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
         session.close()
         progress.close()
     doc = render_report(rows, incomplete, device, slug, opts, seeds, within, frac,
-                  time.monotonic() - opts.started)
+                        time.monotonic() - opts.started, grids=(min_grid, max_grid),
+                        command=command)
     root = results_dir(opts) / slug
     md_path = Path(out) if out else root / "tuner-quality.md"
     write_text_atomic(md_path, doc["markdown"])
@@ -299,7 +301,8 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
-def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, elapsed) -> dict:
+def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, elapsed,
+                  grids: tuple[int, int] = (30, 200), command: str | None = None) -> dict:
     info_d = device_info(device)
     ver = versions()
     pct = round(within * 100)
@@ -310,8 +313,10 @@ def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, ela
     lines += [
         f"Date {_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()}; "
         f"torch {ver['torch']}, Triton {ver['triton']}, Optuna {ver['optuna']}; "
-        f"{len(rows)} complete keys ({len(incomplete)} incomplete, left out); {seeds} seeds "
-        f"per key; budget {opts.budget_s or 'none'} s; {elapsed:.0f} s in all.",
+        f"{len(rows)} complete keys ({len(incomplete)} incomplete, left out), chosen among "
+        f"the default keys whose grid has {grids[0]}-{grids[1]} configs; {seeds} seeds "
+        f"per key; budget {opts.budget_s or 'none'} s; {elapsed:.0f} s in all"
+        + (f"; made by `{command}`." if command else "."),
         "",
         "Method: every config the static constraint admits was measured once "
         "(CUDA-graph replay median, as `tune` times a config; `tune`'s own measurements "
@@ -372,6 +377,7 @@ def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, ela
         ""]
     js = {"gpu": info_d["gpu"], "slug": slug, "versions": ver, "seeds": seeds,
           "within": within, "frac": frac, "budget_s": opts.budget_s,
+          "grid_range": list(grids), "command": command,
           "keys": keys_json, "incomplete": incomplete, "passed": passed,
           "n_keys": n, "verdict": verdict}
     return {"markdown": "\n".join(lines), "json": js}

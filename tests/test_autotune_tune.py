@@ -544,9 +544,13 @@ def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
     incomplete = [{"recipe": "r", "key": {"N": 2}, "grid": 40, "measured": 7,
                    "why": "cut by the end of the budget"}]
     doc = render_report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
-                  1, 0.03, 0.5, 1.0)
+                        1, 0.03, 0.5, 1.0, grids=(30, 60),
+                        command="python -m autotune quality --max-grid 60")
     assert doc["json"]["verdict"] == verdict and doc["json"]["n_keys"] == complete
+    assert doc["json"]["grid_range"] == [30, 60]
     md = doc["markdown"]
+    assert "whose grid has 30-60 configs" in md
+    assert "made by `python -m autotune quality --max-grid 60`" in md
     assert f"**{reached} of {complete} complete keys**" in md and f"**{verdict}**" in md
     assert "`N=2`: 7 of 40 configs measured (cut by the end of the budget)" in md
     assert "- (outside the grid)" in md
