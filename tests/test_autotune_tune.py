@@ -333,6 +333,23 @@ def test_budget_cuts_a_key_but_keeps_one_config(tmp_path, fake):
     assert _report(tmp_path)["coverage"]["fraction"] == 0.0
 
 
+def test_keys_measured_before_the_estimate_fell_are_topped_up(tmp_path, fake):
+    """The first plan prices configs at the cost model's guess (1 s each on a CPU), so the
+    first key gets part of its grid; once measured costs replace the guess the other keys
+    get all of theirs, and the top-up pass brings the first key up to them."""
+    tune(_opts(tmp_path, preset="gpu", budget_s=40, trials=100))
+    rep = _report(tmp_path)
+    fractions = [f for _, f, _ in rep["coverage"]["history"]]
+    assert fractions[0] < 1.0 and fractions[-1] == 1.0
+    rows = rep["keys"]
+    assert len(rows) == 4 and len({tuple(sorted(r["key"].items())) for r in rows}) == 4
+    assert all(r["measured"] == r["admitted"] == r["planned"] for r in rows), rows
+    assert len(_trials(tmp_path)) == sum(r["admitted"] for r in rows)   # none twice
+    first = rows[0]
+    assert first["key"] == {"dtype": "float32", "N": 64}
+    assert first["seconds"] > 0 and rep["complete"] is True
+
+
 def _store_trials(db_dir):
     try:
         return _trials(db_dir, "fake_slow", "cpu-interpreter")

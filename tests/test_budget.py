@@ -159,3 +159,23 @@ def test_keys_run_in_rounds_over_recipes():
     jobs = [job("a", i) for i in range(3)] + [job("b", 0)] + [job("c", i) for i in range(2)]
     order = [(j.tunable.name, j.key["i"]) for j in interleave(jobs)]
     assert order == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2)]
+
+
+def test_finished_keys_count_only_what_they_lack():
+    """A finished key that holds the fraction's configs costs nothing; one measured at a
+    lower coverage owes the rest of its prefix and its fixed cost again (the top-up)."""
+    clock = Clock()
+    cov = Coverage(1000.0, clock(), _model(), clock=clock)
+    (g, _, gpu_s, bins), = _jobs([100])
+    full = (g, list(range(101)), gpu_s, bins, True)            # all 100 measured
+    part = (g, [min(n, 20) for n in range(101)], gpu_s, bins, True)    # its first 20
+    todo = (*_jobs([100])[0], False)
+    compiled = lambda b: True                                      # noqa: E731
+    assert cov.estimate([full], 1.0, compiled) == pytest.approx(RESERVE_S)
+    assert cov.estimate([part], 1.0, compiled) == pytest.approx(0.5 + 80 * 0.01 + RESERVE_S)
+    assert cov.estimate([part], 0.2, compiled) == pytest.approx(RESERVE_S)
+    assert cov.estimate([todo, full, part], 1.0, compiled) == pytest.approx(
+        2 * 0.5 + 180 * 0.01 + RESERVE_S)
+    # a key not finished yet pays its fixed cost even when the store holds its prefix
+    held = (g, list(range(101)), gpu_s, bins, False)
+    assert cov.estimate([held], 1.0, compiled) == pytest.approx(0.5 + RESERVE_S)

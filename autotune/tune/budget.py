@@ -19,6 +19,13 @@ on the high side) and becomes the mean of what the run measured as soon as there
 and the fraction is planned again as keys finish (`Coverage`), so the keys left take what
 an early estimate got wrong either way.
 
+Keys already measured are planned too, as a key's shortfall: at fraction f a finished key
+whose measured prefix of its order is shorter than f of its grid still owes those configs
+and its fixed cost once more (the run's top-up pass measures them at the end, fewest
+first); one measured that far owes nothing. So an estimate that was high early (the
+first configs of a run load every binary for the first time) does not leave the first
+keys at a lower coverage than the last.
+
 The GUESS figures, for one H200 host (16 cores): a search timing of a few-us kernel is a
 graph capture of 20-32 launches (~1-2 ms of Python), ~3 ms of warm-up and replays behind a
 1 ms GPU sleep, and a check of two input sets (~0.5 ms): ~8 ms with the bookkeeping, taken
@@ -90,9 +97,10 @@ class CostModel:
 
 
 class Coverage:
-    """Plans the fraction for the keys left, each given as (grid size, `done`: done[n] =
-    how many of the first n configs of its order the store holds already, GPU seconds of
-    one of its configs, the binaries of its order's configs as a list of sets);
+    """Plans the fraction for the keys, each given as (grid size, `done`: done[n] = how
+    many of the first n configs of its order the store holds already, GPU seconds of one
+    of its configs, the binaries of its order's configs as a list of sets[, finished]);
+    a finished key costs nothing where it holds the fraction's configs already.
     `compiled(bid)` says whether a binary needs no more compiling."""
 
     def __init__(self, budget_s: float | None, started: float, model: CostModel, *,
@@ -109,12 +117,17 @@ class Coverage:
     def estimate(self, jobs, fraction: float, compiled) -> float:
         m = self.model
         conf_s, bins, keys = 0.0, set(), 0
-        for grid, done, gpu_s, order_bins in jobs:
-            keys += 1
+        for grid, done, gpu_s, order_bins, *finished in jobs:
             n = fraction_configs(grid, fraction, self.cap)
-            conf_s += max(0, n - done[n]) * m.config_s(gpu_s)
+            owed = max(0, n - done[n])
+            if finished and finished[0] and not owed:
+                continue
+            keys += 1
+            conf_s += owed * m.config_s(gpu_s)
             for s in order_bins[:n]:
                 bins.update(s)
+        if not keys:
+            return RESERVE_S
         todo = sum(1 for b in bins if not compiled(b))
         main_s = keys * m.per_key() + conf_s
         if not m.workers or not todo:

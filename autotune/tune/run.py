@@ -11,7 +11,7 @@ import torch
 
 from ..tables import previous_configs, table_path
 from ..timing import rotation
-from .budget import CostModel, Coverage, gpu_seconds
+from .budget import RESERVE_S, CostModel, Coverage, gpu_seconds
 from .compile import LoadWatch, probe, start_pool
 from .device import device_name, select_device
 from .measure import Measurer, tensors
@@ -92,7 +92,8 @@ class Session:
                                self.pool.stats.workers if self.pool else 0)
         self.bins: dict = {}        # study -> {config_id: [binary ids]}
         self.first: dict = {}       # study -> the probe's input set, kept for measuring
-        self.done: dict = {}        # study -> config_ids the store held at planning
+        self.done: dict = {}        # study -> config_ids the store holds (at planning,
+        #                             then after each time the key is measured)
         self._views: dict = {}
         self.worker = worker or worker_id()
 
@@ -134,9 +135,9 @@ class Session:
                 (first if i < n else rest).extend(per.get(config_id(c), ()))
         self.pool.prioritize(first + rest)
 
-    def planning_view(self, jobs: list[Job]) -> list:
-        """What `Coverage.plan` needs of each job (made once a job: a job's view does not
-        change before it is measured)."""
+    def planning_view(self, jobs: list[Job], finished=frozenset()) -> list:
+        """What `Coverage.plan` needs of each job (made once a job and again after each
+        time it is measured, `refresh`), flagged when the job is in `finished`."""
         out = []
         for j in jobs:
             v = self._views.get(j.study)
@@ -147,8 +148,13 @@ class Session:
                     done.append(done[-1] + (config_id(c) in held))
                 v = self._views[j.study] = (len(j.grid), done, self.gpu_s(j),
                                             self.order_bins(j))
-            out.append(v)
+            out.append((*v, j.study in finished))
         return out
+
+    def refresh(self, job: Job) -> None:
+        """After measuring `job`: its planning view counts what the store holds now."""
+        self.done[job.study] = set(self.store.results(job.study))
+        self._views.pop(job.study, None)
 
     def gpu_s(self, job: Job) -> float:
         if not self.cuda:
@@ -156,14 +162,16 @@ class Session:
         nbytes = job.tunable.bytes_moved(job.key)
         return gpu_seconds(nbytes, rotation(nbytes, self.device), self.opts.search_reps)
 
-    def plan_coverage(self, cov: Coverage, jobs: list[Job]) -> float:
+    def plan_coverage(self, cov: Coverage, jobs: list[Job], finished=frozenset()) -> float:
+        """The coverage for `jobs`, the keys still to measure first; those in `finished`
+        (studies) count with what they lack of the fraction (the top-up pass)."""
         with self.phases("budget"):
             if self.pool is not None:
                 self.pool.pump()
                 self.model.observe_binaries(self.pool.stats.per_binary_s())
             compiled = self.pool.compiled if self.pool is not None else (lambda b: True)
             before = cov.fraction if cov.history else None
-            f = cov.plan(self.planning_view(jobs), compiled)
+            f = cov.plan(self.planning_view(jobs, finished), compiled)
             if f != before:
                 self.prioritize(jobs, cov.limit)
         return f
@@ -286,17 +294,25 @@ class Run:
         self.entries: dict = {}      # recipe -> key_str -> entry
         self.results: dict = {}      # recipe -> key_str -> {config_id: Result}
         self.rows: list = []
+        self._row_at: dict = {}      # study -> index in rows (a top-up replaces its row)
         self.tables: dict = {}       # recipe -> path
         self.session: Session | None = None
         self.coverage: Coverage | None = None
 
     def finished(self, job: Job, entry: dict | None, results: dict, counts: dict,
                  planned: int, seconds: float) -> None:
-        """Record a finished key; rewrite its recipe's table (every entry's no_slower_at
-        again, with this key's measurements) and the report."""
+        """Record a finished key (again after a top-up: its row is replaced, its seconds
+        are the sum); rewrite its recipe's table (every entry's no_slower_at again, with
+        this key's measurements) and the report."""
         t = job.tunable
         self.results.setdefault(t.name, {})[job.kstr] = results
-        self.rows.append(key_row(job, entry, counts, planned, seconds))
+        at = self._row_at.get(job.study)
+        if at is None:
+            self._row_at[job.study] = len(self.rows)
+            self.rows.append(key_row(job, entry, counts, planned, seconds))
+        else:
+            seconds += self.rows[at]["seconds"]
+            self.rows[at] = key_row(job, entry, counts, planned, seconds)
         if entry is None or not entry["admitted"]:
             return
         ents = self.entries.setdefault(t.name, {})
@@ -411,21 +427,56 @@ def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
         elif out.status == "error" and opts.verbose:
             progress.write(f"autotune: {job.label} config {cfg}: pruned ({out.error})")
 
-    for i, j in enumerate(jobs):
+    def measure_key(j: Job, limit: int, deadline: float | None = None) -> None:
         k0 = time.monotonic()
-        limit = cov.limit(len(j.grid))
         progress.describe(j.label)
-        ks, m, cfg_s, wait_s = session.measure(j, limit, on_trial=on_trial)
+        ks, m, cfg_s, wait_s = session.measure(j, limit, deadline=deadline,
+                                               on_trial=on_trial)
         entry = finalize(j, m, ks.results, top=opts.top, planned=limit, log=progress.write)
         seconds = time.monotonic() - k0
         run.finished(j, entry, ks.results, ks.counts(), limit, seconds)
         session.model.observe_key(max(0.0, seconds - cfg_s - wait_s))
+        session.refresh(j)
         say_key(progress, j, entry, ks, m, limit, seconds)
         del m
-        if i + 1 < len(jobs):
-            session.plan_coverage(cov, jobs[i + 1:])
-            progress.total(progress.done() + sum(cov.limit(len(x.grid)) for x in jobs[i + 1:]))
         run.report(complete=False)
+
+    finished: set = set()
+    for i, j in enumerate(jobs):
+        measure_key(j, cov.limit(len(j.grid)))
+        finished.add(j.study)
+        if i + 1 < len(jobs):
+            session.plan_coverage(cov, jobs[i + 1:] + jobs[:i + 1], finished)
+            progress.total(progress.done() + sum(cov.limit(len(x.grid)) for x in jobs[i + 1:]))
+    top_up(session, cov, jobs, finished, measure_key, progress)
+
+
+def top_up(session: Session, cov: Coverage, jobs: list[Job], finished: set, measure_key,
+           progress: Progress) -> None:
+    """Bring the keys measured at a lower coverage than the plan now allows up to it,
+    the least covered first, while the budget lasts (a key is started only if its fixed
+    cost and one config fit; `measure` stops it at the budget's end). A key whose
+    top-up added nothing to the store is not tried again."""
+    tried: dict = {}          # study -> configs of its prefix held when its top-up began
+    while True:
+        session.plan_coverage(cov, jobs, finished)
+        owed = []
+        for j, (grid, done, *_rest) in zip(jobs, session.planning_view(jobs), strict=True):
+            n = cov.limit(grid)
+            if done[n] < n and tried.get(j.study) != done[n]:
+                owed.append((done[n] / n, n, j, done[n]))
+        if not owed:
+            return
+        _, n, j, held = min(owed, key=lambda o: o[0])
+        tried[j.study] = held
+        model = session.model
+        end = cov.end - RESERVE_S - model.per_key() if cov.end is not None else None
+        if end is not None and cov.clock() + model.per_config_host() >= end:
+            progress.write(f"autotune: top-up stopped by the budget; {len(owed)} keys "
+                           "below the final coverage")
+            return
+        progress.total(progress.done() + n - held)
+        measure_key(j, n, deadline=end)
 
 
 def say_key(progress, j: Job, entry, ks, m, limit: int, seconds: float) -> None:
