@@ -6,3 +6,15 @@ lists its suites in `SUITES` (`autotune.registry.load_suites`)."""
 def dtype_name(dt) -> str:
     """torch.bfloat16 -> 'bfloat16', as the keys and labels spell dtypes."""
     return str(dt).replace("torch.", "")
+
+
+def without_pdl(call):
+    """`call` (state -> outputs) with every launch made without programmatic dependent
+    launch: the "ours, PDL off" variant, what a call costs where no launch of ours runs
+    before it, both behind the bench's plain kernel."""
+    import recipes
+
+    def run(s):
+        with recipes.pdl_off():
+            return call(s)
+    return run

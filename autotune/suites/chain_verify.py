@@ -2,7 +2,7 @@
 import torch
 
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
-from autotune.suites import dtype_name
+from autotune.suites import dtype_name, without_pdl
 from recipes.chain_verify import (
     TUNING,
     VerifyResult,
@@ -49,11 +49,15 @@ def _bench_cases(preset: str):
             out = reference(x, d)
             return {"x": x, "d": d, "out": VerifyResult(*[t.clone() for t in out])}
 
+        ours = lambda s: chain_verify(s["x"], s["d"], out=s["out"])    # noqa: E731
+        variants = {"ours": BenchVariant(ours)}
+        if B <= 16 and V == 151936 and dt == torch.bfloat16:   # where launch latency shows
+            variants["ours, PDL off"] = BenchVariant(without_pdl(ours))
         cases.append(BenchCase(
             label={"dtype": dtype_name(dt), "B": B, "K": K, "V": V},
             make=make, bytes=TUNING.bytes_moved(key),
             variants={
-                "ours": BenchVariant(lambda s: chain_verify(s["x"], s["d"], out=s["out"])),
+                **variants,
                 "torch eager": BenchVariant(lambda s: reference(s["x"], s["d"]),
                                             eager=True, peer=True),
                 "torch graph": BenchVariant(lambda s: reference(s["x"], s["d"]), peer=True),
@@ -94,9 +98,11 @@ def _sampled_bench_cases(preset: str):
 SUITES = [
     BenchSuite(
         name=TUNING.name, cases=_bench_cases, title="chain_verify (greedy)",
-        notes="ours: one launch (argmax of every row fused with the accept logic); "
-              "torch: argmax over the rows, then cumprod/where/gather for the accept "
-              "logic. Bytes: the logits read once plus drafts and outputs.",
+        notes="ours: one launch (argmax of every row fused with the accept logic), on "
+              "sm_90+ a programmatic dependent launch (PDL); 'ours, PDL off' (bfloat16, "
+              "V=151936, B <= 16): the same launch without PDL; torch: argmax over the "
+              "rows, then cumprod/where/gather for the accept logic. Bytes: the logits "
+              "read once plus drafts and outputs.",
         extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}},
                "readme": True}),      # the plot the README shows
     BenchSuite(

@@ -1,8 +1,8 @@
 """Benchmark of draft_tail against the torch ops an engine runs for a draft step's tail."""
 import torch
 
-import recipes
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from autotune.suites import without_pdl
 from recipes.draft_tail import TUNING, DraftTail, draft_tail, make_inputs, reference, tune_key
 
 
@@ -10,13 +10,6 @@ def _call(inp: dict, out=None) -> DraftTail:
     return draft_tail(inp["logits"], rows=inp["rows"], hidden=inp["hidden"],
                       token_map=inp["token_map"], positions=inp["positions"],
                       draft_tokens=inp["draft_tokens"], column=inp["column"], out=out)
-
-
-def _call_no_pdl(s: dict) -> DraftTail:
-    """ours launched without programmatic dependent launch: what the tail costs after a
-    kernel that does not let it start early."""
-    with recipes.pdl_off():
-        return _call(s, out=s["out"])
 
 
 def _bench_cases(preset: str):
@@ -43,7 +36,7 @@ def _bench_cases(preset: str):
             make=make, bytes=TUNING.bytes_moved(key),
             variants={
                 "ours": BenchVariant(lambda s: _call(s, out=s["out"])),
-                "ours, PDL off": BenchVariant(_call_no_pdl),
+                "ours, PDL off": BenchVariant(without_pdl(lambda s: _call(s, out=s["out"]))),
                 "torch eager": BenchVariant(TUNING.torch_peer, eager=True, peer=True),
                 "torch graph": BenchVariant(TUNING.torch_peer, peer=True),
             }))
@@ -54,9 +47,9 @@ SUITES = [
     BenchSuite(
         name=TUNING.name, cases=_bench_cases, title="draft_tail (top-1 draft tail)",
         notes="ours: one launch (argmax of the selected rows read in place, token map, "
-              "probs, positions += 1, draft_tokens column, hidden-row gather), replayed "
-              "back to back, so that on sm_90+ each call's launch overlaps the call "
-              "before it (PDL); 'ours, PDL off': the same launches without PDL; torch: "
+              "probs, positions += 1, draft_tokens column, hidden-row gather), on sm_90+ "
+              "a programmatic dependent launch (PDL); 'ours, PDL off': the same launches "
+              "without PDL; torch: "
               "index the rows, argmax, map, gather hidden, positions += 1, column write. "
               "Bytes: the selected logits rows read once plus the hidden rows read and "
               "written once (bf16)."),
