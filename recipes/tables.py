@@ -12,10 +12,10 @@ A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table 
 device's GPU is read once per process; the exact key wins, else, for a key between tuned
 keys (never beyond them), a nearby tuned key whose config the table records as measured
 no slower than the heuristic at this key's tuned neighbours (`nearest`), else the
-heuristic. A table is ignored, with one warning, when
-it was made under the interpreter (on a GPU), over another search space, or for kernel
-source that has changed since (`header.source_hash`); entries whose config the current
-space does not admit are dropped with one warning. A missing table is silent. Nothing
+heuristic. A table is ignored, with one warning, when it was made under the interpreter
+(on a GPU), over another search space, or for kernel source that has changed since
+(`header.source_hash`); entries whose config the current space does not admit are
+dropped with one warning. A missing table is silent. Nothing
 here ever raises into a call. The format is documented in `autotune/tables.py`, which
 writes it.
 """
@@ -190,6 +190,10 @@ def clear_cache() -> None:
 MAX_FIELD_LOG2 = 1.0
 
 
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
     """inf unless the categorical fields agree and every numeric field is within
     `max_field` in log2(x + 1); else the L1 distance in that space."""
@@ -198,8 +202,7 @@ def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
     d = 0.0
     for f, va in a.items():
         vb = b[f]
-        if isinstance(va, (int, float)) and not isinstance(va, bool) \
-                and isinstance(vb, (int, float)) and not isinstance(vb, bool):
+        if _numeric(va) and _numeric(vb):
             df = abs(math.log2(max(va, 0) + 1) - math.log2(max(vb, 0) + 1))
             if df > max_field:
                 return math.inf
@@ -209,15 +212,12 @@ def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
     return d
 
 
-def _numeric(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def inside_tuned(entries, key: dict) -> bool:
     """Whether every numeric field of `key` lies within the values that the tuned keys
-    of its kind (same fields, same categorical values) span in that field: a key between
-    tuned keys interpolates; one beyond them all (K = 1 or 4 where only K = 3 was tuned)
-    extrapolates, and a borrowed config measured slower than the heuristic there."""
+    of its kind (same fields, same categorical values) span in that field. A key between
+    tuned keys interpolates; one beyond them all extrapolates (K = 1 or 4 where only
+    K = 3 was tuned), and there borrowed configs were measured slower than the
+    heuristic (docs/performance.md, Dispatch)."""
     kin = [k for k, *_ in entries if set(k) == set(key)
            and all(_numeric(v) or k[f] == v for f, v in key.items())]
     return bool(kin) and all(
