@@ -10,6 +10,10 @@
 #   bench1    the bench over $BENCH1_SUITES (default chain_verify,chain_verify_sampled)
 #   bench2    the bench over every other suite (bench1 + bench2 = a full run in two jobs;
 #             each writes its suites as they finish and keeps the other's)
+#   example   examples/spec_decode.py --bench with EXAMPLE_ARGS (default: the sweep of
+#             the committed H200 report) -> results/<gpu>/spec-decode.md   (~1 min)
+#   stages    python -m autotune.stages: the small-batch verify priced stage by stage
+#             -> results/<gpu>/stages.md                                 (~1 min)
 #   targets   python -m autotune.targets: TARGETS.md and targets.json of the results
 #
 # Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
@@ -18,8 +22,8 @@
 # (e.g. optuna and its dependencies, for a host without network) installed without an
 # index into a private folder put first on PYTHONPATH. The checkout itself is imported
 # from the repository root (PYTHONPATH), nothing is installed into the environment.
-# Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, BENCH_ARGS (extra
-# arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS
+# Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, EXAMPLE_ARGS, BENCH_ARGS
+# (extra arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS
 # (with pytest-xdist; default min(12, cores)), STEP_TIMEOUT (seconds a step may run,
 # default 570).
 set -u
@@ -105,6 +109,13 @@ for step in "${steps[@]}"; do
           --readme README.md ${BENCH_ARGS:-} || status=1
       fi
       wrote_results=1 ;;
+    example)
+      run_step example "$PY" examples/spec_decode.py --bench \
+        ${EXAMPLE_ARGS:---batch 1 4 --K 3 --repeat 1 --new-tokens 48} || status=1
+      wrote_results=1 ;;
+    stages)
+      run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
+      wrote_results=1 ;;
     targets)
       if "$PY" -m autotune.targets "$results" >"$results/TARGETS.md.tmp" 2>"$out/targets.log"; then
         mv "$results/TARGETS.md.tmp" "$results/TARGETS.md"
@@ -116,7 +127,8 @@ for step in "${steps[@]}"; do
           | tee -a "$out/summary.txt"; status=1
       fi
       wrote_results=1 ;;
-    *) echo "gpu_pass: unknown step $step (test tune quality bench bench1 bench2 targets)" >&2
+    *) echo "gpu_pass: unknown step $step (test tune quality bench bench1 bench2 example" \
+            "stages targets)" >&2
        exit 2 ;;
   esac
 done
