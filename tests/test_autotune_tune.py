@@ -333,10 +333,15 @@ def test_budget_cuts_a_key_but_keeps_one_config(tmp_path, fake):
     assert _report(tmp_path)["coverage"]["fraction"] == 0.0
 
 
-def test_keys_measured_before_the_estimate_fell_are_topped_up(tmp_path, fake):
-    """The first plan prices configs at the cost model's guess (1 s each on a CPU), so the
-    first key gets part of its grid; once measured costs replace the guess the other keys
-    get all of theirs, and the top-up pass brings the first key up to them."""
+def test_keys_measured_before_the_estimate_fell_are_topped_up(tmp_path, fake, monkeypatch):
+    """The first plan prices configs at the cost model's guess (set to 1 s each here, on
+    either device), so the first key gets part of its grid; once measured costs replace
+    the guess the other keys get all of theirs, and the top-up pass brings the first key
+    up to them."""
+    from autotune.tune import budget
+    for kind in ("cuda", "cpu"):
+        monkeypatch.setitem(budget.GUESS, kind, {"config_s": 1.0, "key_s": 3.0,
+                                                 "binary_s": 0.0})
     tune(_opts(tmp_path, preset="gpu", budget_s=40, trials=100))
     rep = _report(tmp_path)
     fractions = [f for _, f, _ in rep["coverage"]["history"]]
