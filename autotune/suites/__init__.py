@@ -10,8 +10,8 @@ def dtype_name(dt) -> str:
 
 def without_pdl(call):
     """`call` (state -> outputs) with every launch made without programmatic dependent
-    launch: the "ours, PDL off" variant, what a call costs where no launch of ours runs
-    before it, both behind the bench's plain kernel."""
+    launch: the "ours, PDL off" variant, timed like "ours" behind the bench's plain
+    kernel, so the two columns say what PDL costs or saves there."""
     import recipes
 
     def run(s):
