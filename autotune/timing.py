@@ -133,6 +133,42 @@ def plain_op(device=None):
     return lambda: torch.neg(a, out=b)
 
 
+def tensors(obj):
+    """The tensors in (nested lists, tuples, named tuples and dicts of) `obj`."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from tensors(x)
+
+
+def launch_signature(obj):
+    """What a Triton launch specializes on in a (nested) state: each tensor's dtype,
+    shape, strides and whether its address is 16-byte aligned, and the plain values.
+    States with equal signatures run the same binaries."""
+    if isinstance(obj, torch.Tensor):
+        return (obj.dtype, tuple(obj.shape), obj.stride(), obj.data_ptr() % 16 == 0)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__, *(launch_signature(x) for x in obj))
+    if isinstance(obj, dict):
+        return tuple((k, launch_signature(v)) for k, v in obj.items())
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return type(obj).__name__
+
+
+def one_per_signature(states) -> list:
+    """The first state of each distinct `launch_signature`: what a warm-up must run so
+    that nothing compiles or loads during a capture over all of them."""
+    firsts: dict = {}
+    for s in states:
+        firsts.setdefault(launch_signature(s), s)
+    return list(firsts.values())
+
+
 def _prime(fns, device) -> None:
     """Run `fns` once outside any capture (compiling, first allocations), on a side
     stream as graph capture needs."""
@@ -145,13 +181,45 @@ def _prime(fns, device) -> None:
     torch.cuda.synchronize(device)
 
 
+_BASES: dict = {}        # (behind, n, device) -> a graph of n `behind` calls
+_CAPTURES = {"n": 0}
+RELEASE_EVERY = 256      # captures between two releases of dead graphs' memory pools
+
+
 def _capture(fns, device):
-    """A CUDA graph of `fns` called in order."""
+    """A CUDA graph of `fns` called in order, captured on a side stream with
+    `CUDAGraph.capture_begin`. Not `torch.cuda.graph`: its entry synchronizes and
+    empties the device and host caching allocators, so the allocations after it are
+    cudaMalloc's again (a tune captures thousands of graphs). Each graph has its own
+    memory pool, which the allocator frees only when its cache is emptied: that is done
+    here once every RELEASE_EVERY captures. (One pool shared by every capture fails
+    torch 2.11's host-allocator assertion once a graph of it is gone.)"""
+    _CAPTURES["n"] += 1
+    if _CAPTURES["n"] % RELEASE_EVERY == 0:
+        torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            for fn in fns:
+                fn()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(device).wait_stream(stream)
     return graph
+
+
+def _base(behind, n: int, device):
+    """The graph of `n` calls of `behind` (one per (behind, n, device), kept while the
+    last few are in use: a tune times every config of a key behind the same op)."""
+    key = (behind, n, str(device))
+    if key not in _BASES:
+        if len(_BASES) >= 8:
+            _BASES.clear()
+        _BASES[key] = _capture([behind] * n, device)
+    return _BASES[key]
 
 
 def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int = 50,
@@ -190,10 +258,11 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
         if behind is not None:
             steps.append(behind)
         steps.append(lambda s=s: call(s))
-    first = [lambda s=s: call(s) for s in states] + ([behind] if behind else [])
+    first = [lambda s=s: call(s) for s in one_per_signature(states)] + \
+        ([behind] if behind else [])
     _prime(first, device)
     graph = _capture(steps, device)
-    base = _capture([behind] * n, device) if behind is not None else None
+    base = _base(behind, n, device) if behind is not None else None
     if warm_gpu:
         _warm(device)
     for _ in range(warmup):

@@ -191,3 +191,38 @@ def test_time_graph_behind_a_plain_op_on_the_gpu(device):
                           behind=timing.plain_op(device))
     assert t.base_us is not None and 0.5 < t.base_us < 20.0, t.base_us
     assert 0.2 < t.p50 < 20.0, (t.p50, t.base_us)
+
+
+def test_a_warm_up_runs_one_state_per_launch_signature(monkeypatch):
+    """time_graph warms up one state of each distinct launch signature, not every state:
+    copies of a set (fresh, aligned allocations) share one, while a view at an address
+    off the 16-byte grid, another shape or another plain value each need their own run."""
+    base = torch.zeros(64)
+    a = {"x": base[:32], "n": 3}
+    copies = [{"x": base[:32].clone(), "n": 3} for _ in range(5)]
+    off = {"x": base[1:33], "n": 3}            # 4 bytes past the start: not 16-aligned
+    other_n = {"x": base[:32].clone(), "n": 4}
+    other_shape = {"x": base[:16].clone(), "n": 3}
+    states = [a, *copies, off, other_n, other_shape, copies[0]]
+    assert timing.one_per_signature(states) == [a, off, other_n, other_shape]
+
+    primed, captured = [], []
+    monkeypatch.setattr(timing, "_prime", lambda fns, device: primed.append(len(fns)))
+    monkeypatch.setattr(timing, "_capture", lambda fns, device: captured.append(len(fns)))
+    monkeypatch.setattr(timing, "_guarded_replays", lambda g, n, d: ([1.0] * n, True))
+    monkeypatch.setattr(timing, "_warm", lambda device: None)
+    timing.time_graph(lambda s: None, [a, *copies], reps=3, warmup=0)
+    timing.time_graph(lambda s: None, states, reps=3, warmup=0)
+    assert primed == [1, 4] and captured == [20, 20]
+
+
+def test_the_tuner_times_l2_resident_keys_over_fewer_input_sets(monkeypatch):
+    """A key whose 32 rotation sets would all fit in the L2 is timed over L2_SETS sets
+    (L2-resident either way); larger ones keep the rotation that exceeds twice the L2."""
+    from autotune.tune import measure
+    monkeypatch.setattr(timing, "l2_bytes", lambda device=None: 50 << 20)
+    monkeypatch.setattr(measure, "l2_bytes", lambda device=None: 50 << 20)
+    assert measure.search_sets(1 << 20, None) == measure.L2_SETS      # 32 x 1 MB in L2
+    assert measure.search_sets(2 << 20, None) == 32                   # 64 MB: not
+    assert measure.search_sets(20 << 20, None) == 5                   # 100 MB / 20 MB
+    assert measure.search_sets(100 << 20, None) == 1

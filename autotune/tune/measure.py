@@ -2,7 +2,9 @@
 the bit-for-bit check against the reference, and the timing.
 
 A key's inputs are `rotation` sets (enough that one pass over them exceeds twice the L2,
-so data that fits in L2 is not re-read from it, up to 32), made once: the first and the
+so data that fits in L2 is not re-read from it, up to 32; but `L2_SETS` where even 32
+fit in the L2: those are L2-resident however many rotate, and each set costs the
+timing a call to capture), made once: the first and the
 last by the recipe's input maker (two seeds), the others copies of the first (what the
 rotation needs is other addresses, not other values, and some makers take a good part
 of a second a set on the host). The first and the last are kept pristine with their
@@ -30,11 +32,21 @@ import time
 import torch
 
 from ..registry import Tunable
-from ..timing import Timing, plain_op, rotation, time_eager, time_graph, time_wall
+from ..timing import (
+    Timing,
+    l2_bytes,
+    plain_op,
+    rotation,
+    tensors,
+    time_eager,
+    time_graph,
+    time_wall,
+)
 from .phases import NoPhases, Phases
 from .search import Outcome
 
 REPLAY_US = 200.0          # a replay of a short kernel's graph lasts about this long
+L2_SETS = 4                # input sets of a key whose 32 sets would all fit in L2
 MAX_CALLS = 20             # ... with at most this many calls beyond the rotation sets
 IDLE_WARM_S = 0.5          # warm the GPU up again after it idled this long
 _LAST_GPU = {"t": -math.inf}   # when the last timing ended (any key's)
@@ -63,15 +75,10 @@ def clone(obj):
     return obj
 
 
-def tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from tensors(x)
+def search_sets(nbytes: int, device) -> int:
+    """Input sets for timing a key that moves `nbytes` a call (see the module docstring)."""
+    n = rotation(nbytes, device)
+    return min(n, L2_SETS) if n * nbytes <= l2_bytes(device) else n
 
 
 def poison_allocator(ref) -> None:
@@ -103,7 +110,7 @@ class Measurer:
         self.phases = phases or NoPhases()
         self.cuda = device.type == "cuda"
         self.search_reps, self.final_reps = search_reps, final_reps
-        n = rotation(t.bytes_moved(key), device) if self.cuda else 1
+        n = search_sets(t.bytes_moved(key), device) if self.cuda else 1
         base = seed * 1000
         made = {0: first if first is not None else t.make_inputs(key, device, base)}
         if n > 1:
