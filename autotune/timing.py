@@ -224,7 +224,7 @@ def _base(behind, n: int, device):
 
 def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int = 50,
                warmup: int = 5, device=None, warm_gpu: bool = True,
-               behind=None) -> Timing:
+               behind=None, behind_us: float | None = None) -> Timing:
     """Per-call microseconds of `call(state)` replayed in a CUDA graph.
 
     The graph runs over `states` in turn, repeated until it holds at least
@@ -235,6 +235,8 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
     preceded by it in the graph, and a second graph holds only the n `behind` calls; the
     two are replayed in alternating chunks and each sample is a replay of the first
     minus the median replay of the second, per call (`Timing.base_us`: that median).
+    `behind_us`: that median as an earlier timing measured it (same `behind`, same
+    calls a replay), subtracted without replaying the second graph again.
 
     Host stalls: a sample is the GPU time between an event recorded before a replay and
     one recorded after it. If the host thread stalls between queueing the first event
@@ -262,7 +264,7 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
         ([behind] if behind else [])
     _prime(first, device)
     graph = _capture(steps, device)
-    base = _base(behind, n, device) if behind is not None else None
+    base = _base(behind, n, device) if behind is not None and behind_us is None else None
     if warm_gpu:
         _warm(device)
     for _ in range(warmup):
@@ -283,7 +285,7 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
     per_call = [x * 1000.0 / n for x in ms]
     if behind is None:
         return Timing(per_call, guarded=guarded)
-    base_us = statistics.median(base_ms) * 1000.0 / n
+    base_us = behind_us if behind_us is not None else statistics.median(base_ms) * 1000.0 / n
     return Timing([x - base_us for x in per_call], guarded=guarded, base_us=base_us)
 
 

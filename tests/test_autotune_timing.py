@@ -226,3 +226,23 @@ def test_the_tuner_times_l2_resident_keys_over_fewer_input_sets(monkeypatch):
     assert measure.search_sets(2 << 20, None) == 32                   # 64 MB: not
     assert measure.search_sets(20 << 20, None) == 5                   # 100 MB / 20 MB
     assert measure.search_sets(100 << 20, None) == 1
+
+
+def test_a_known_behind_time_is_subtracted_without_replaying_its_graph(monkeypatch):
+    """`behind_us` (the op's per-call time from an earlier timing) is subtracted as given:
+    only the graph of [op, call] pairs is captured and replayed."""
+    captured, replayed = [], []
+    monkeypatch.setattr(timing, "_prime", lambda fns, device: None)
+    monkeypatch.setattr(timing, "_capture", lambda fns, device: captured.append(len(fns))
+                        or len(fns))
+    monkeypatch.setattr(timing, "_warm", lambda device: None)
+
+    def replays(graph, n, device):
+        replayed.extend([graph] * n)
+        return [0.004] * n, True           # 4 us a replay of 4 calls
+
+    monkeypatch.setattr(timing, "_guarded_replays", replays)
+    t = timing.time_graph(lambda s: None, [0], calls_per_replay=4, reps=5, warmup=0,
+                          behind=lambda: None, behind_us=0.25)
+    assert captured == [8] and replayed == [8] * 5
+    assert t.base_us == 0.25 and t.p50 == pytest.approx(1.0 - 0.25)

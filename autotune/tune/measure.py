@@ -17,7 +17,10 @@ Timing (`autotune.timing.time_graph`): the config's calls over the rotation sets
 in a CUDA graph, replayed `reps` times behind a GPU sleep so that host stalls cannot show;
 the per-call median is the trial's value. The GPU is warmed up (`time_graph`'s warm-up)
 only when it idled since the last timing, not for every config. Each call runs behind a
-plain one-element op (`behind=`), the benchmark's primary regime. A replay holds every
+plain one-element op (`behind=`), the benchmark's primary regime; the op's own time,
+the same for every config of the key (so it cannot change their order), is measured at
+the key's first search timing and subtracted from the others' without being replayed
+again (the final re-timing measures it each time). A replay holds every
 rotation set once and, for a short kernel, enough calls to last ~`REPLAY_US` (at most
 20): the first config measured (the heuristic's) sets that count for the key's others.
 
@@ -125,6 +128,7 @@ class Measurer:
         # each call timed behind a plain one-element op, as an engine calls it after its
         # lm_head GEMM and as the benchmark's primary column times it
         self.behind = plain_op(self.device) if self.cuda else None
+        self.base_us: dict = {}   # calls a replay -> the plain op's us, for the search
         self.unguarded = 0        # graph timings not shown free of host stalls
         self.timings = 0
         if self.cuda:
@@ -166,14 +170,17 @@ class Measurer:
     def time(self, cfg: dict, reps: int, phase: str = "timing") -> Timing:
         """Per-call microseconds of `cfg` (graph replays; wall clock on the CPU)."""
         with self.phases(phase):
-            return self._time(_caller(self.t.run, cfg), reps)
+            return self._time(_caller(self.t.run, cfg), reps, search=phase == "timing")
 
-    def _time(self, call, reps: int) -> Timing:
+    def _time(self, call, reps: int, search: bool = False) -> Timing:
         if not self.cuda:
             return time_wall(call, self.states, reps=reps, warmup=0, device=self.device)
+        known = self.base_us.get(self.calls) if search else None
         tm = time_graph(call, self.states, calls_per_replay=self.calls, reps=reps,
                         warmup=3, device=self.device, warm_gpu=self._idle(),
-                        behind=self.behind)
+                        behind=self.behind, behind_us=known)
+        if search and known is None and tm.base_us is not None:
+            self.base_us[self.calls] = tm.base_us
         _LAST_GPU["t"] = time.monotonic()
         self.timings += 1
         self.unguarded += tm.guarded is False
