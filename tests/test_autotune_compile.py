@@ -38,7 +38,8 @@ class _Executor:
     def submit(self, fn, module, qualname, spec):
         self.submitted.append(qualname)
         f = Future()
-        f.set_result((0.5, None))
+        f.set_result((0.5, None, 0.25, "OSError: no C compiler" if qualname == "d"
+                      else None))
         return f
 
     def shutdown(self, **kw):
@@ -62,7 +63,26 @@ def test_pool_order_follows_the_measurement_and_urgent_first(monkeypatch):
         pool.pump()
     assert ex.submitted == ["c", "e", "a", "b", "d", "f"]
     assert pool.ready(list(bins)) and pool.compiled("f")
-    assert pool.stats.compiled == 6 and pool.stats.cpu_s == pytest.approx(3.0)
+    assert pool.stats.compiled == 6 and pool.stats.cpu_s == pytest.approx(4.5)
+    assert pool.stats.launcher_s == pytest.approx(1.5) and pool.stats.launchers_failed == 1
+    assert pool.stats.errors == ["d launcher: OSError: no C compiler"]
+
+
+def test_a_launcher_that_cannot_be_built_leaves_the_binary_compiled(monkeypatch):
+    """A worker compiles the binary, then builds its launcher; if that fails (here the
+    preloaded object is no Triton kernel) the binary still counts as compiled and the
+    launcher's error is returned apart."""
+    import sys
+    import types
+
+    from autotune.tune import compile as comp
+    mod = types.ModuleType("fake_preload_mod")
+    mod.kern = types.SimpleNamespace(preload=lambda spec: object())
+    monkeypatch.setitem(sys.modules, "fake_preload_mod", mod)
+    secs, err, lsecs, lerr = comp._compile_task("fake_preload_mod", "kern", "{}")
+    assert err is None and secs >= 0 and lsecs >= 0
+    assert lerr is not None and lerr.startswith(("AttributeError", "ImportError",
+                                                 "ModuleNotFoundError"))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a real tune with the compile pool needs a GPU")

@@ -14,7 +14,7 @@ in-process compiles are bound to one core by the GIL).
    reports the GPU's target (no CUDA context, no GPU memory), run
    `JITFunction.preload(specialization data)`, which compiles into the on-disk cache
    (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a second tune finds
-   its binaries there). Binaries go out in the order the measuring process needs them:
+   its binaries there), and build the binary's C launcher into it too. Binaries go out in the order the measuring process needs them:
    the planned configs of every key in measurement order first, then the rest of the
    grids; a binary the measuring process waits for goes to the front.
 3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded and those it
@@ -163,17 +163,37 @@ def _worker_init(target, index: int, package: str) -> None:
     importlib.import_module(package)
 
 
-def _compile_task(module: str, qualname: str, spec: str) -> tuple[float, str | None]:
+def _compile_task(module: str, qualname: str,
+                  spec: str) -> tuple[float, str | None, float, str | None]:
+    """(seconds compiling, error or None, seconds building the launcher, its error)."""
     import importlib
     t0 = time.monotonic()
     try:
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
-        obj.preload(spec)
-        return time.monotonic() - t0, None
+        kernel = obj.preload(spec)
     except Exception as exc:  # noqa: BLE001 - the measuring process will see it too
-        return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return time.monotonic() - t0, _text(exc), 0.0, None
+    t1 = time.monotonic()
+    return t1 - t0, None, *_build_launcher(kernel, t1)
+
+
+def _build_launcher(kernel, t0: float) -> tuple[float, str | None]:
+    """Build the binary's C launcher into Triton's cache as well. Triton builds it with
+    the host's C compiler when a binary is first loaded (one per kernel signature), in
+    the measuring process unless it is cached; building it here needs no GPU. An error
+    only leaves that build to the first load (the pool's stats count it)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        CudaLauncher(kernel.src, kernel.metadata)
+        return time.monotonic() - t0, None
+    except Exception as exc:  # noqa: BLE001
+        return time.monotonic() - t0, _text(exc)
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 @dataclass
@@ -183,6 +203,8 @@ class PoolStats:
     compiled: int = 0        # compiled by a worker
     cached: int = 0          # found in Triton's cache by a worker
     failed: int = 0
+    launchers_failed: int = 0   # binaries whose launcher the worker could not build
+    launcher_s: float = 0.0  # worker seconds building (or finding) launchers
     cpu_s: float = 0.0       # worker seconds, all tasks
     compile_s: float = 0.0   # worker seconds of the binaries that were compiled
     first_s: float | None = None   # pool start -> first result
@@ -273,7 +295,7 @@ class CompilePool:
         for f in futures:
             bid = self.running.pop(f)
             try:
-                secs, err = f.result()
+                secs, err, lsecs, lerr = f.result()
             except Exception as exc:  # noqa: BLE001 - a worker died: no more pool
                 self.status[bid] = "failed"
                 self._disable(exc)
@@ -282,7 +304,12 @@ class CompilePool:
             if self.stats.first_s is None:
                 self.stats.first_s = now
             self.stats.wall_s = now
-            self.stats.cpu_s += secs
+            self.stats.cpu_s += secs + lsecs
+            self.stats.launcher_s += lsecs
+            if lerr is not None:
+                self.stats.launchers_failed += 1
+                if len(self.stats.errors) < 5:
+                    self.stats.errors.append(f"{self.binaries[bid].qualname} launcher: {lerr}")
             if err is None:
                 self.status[bid] = "done"
                 if secs < HIT_S:

@@ -249,6 +249,8 @@ class Session:
             out["pool"] = {"workers": s.workers, "binaries": s.probed,
                            "compiled": s.compiled, "from_cache": s.cached,
                            "failed": s.failed, "left": self.pool.left(),
+                           "launchers_failed": s.launchers_failed,
+                           "launcher_s": round(s.launcher_s, 1),
                            "worker_s": round(s.cpu_s, 1),
                            "compile_s_mean": round(s.compile_s / s.compiled, 3)
                            if s.compiled else None,
