@@ -14,9 +14,10 @@ in-process compiles are bound to one core by the GIL).
    reports the GPU's target (no CUDA context, no GPU memory), run
    `JITFunction.preload(specialization data)`, which compiles into the on-disk cache
    (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a second tune finds
-   its binaries there), and build the binary's C launcher into it too. Binaries go out in the order the measuring process needs them:
-   the planned configs of every key in measurement order first, then the rest of the
-   grids; a binary the measuring process waits for goes to the front.
+   its binaries there), and build the binary's C launcher into it too. Binaries go out
+   in the order the measuring process needs them: the planned configs of every key in
+   measurement order first, then the rest of the grids; a binary the measuring process
+   waits for goes to the front.
 3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded and those it
    had to compile itself (the pool did not have them: disabled, failed or not yet done).
 
