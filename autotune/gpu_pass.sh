@@ -14,6 +14,8 @@
 #             the committed H200 report) -> results/<gpu>/spec-decode.md   (~1 min)
 #   stages    python -m autotune.stages: the small-batch verify priced stage by stage
 #             -> results/<gpu>/stages.md                                 (~1 min)
+#   costs     python -m autotune.tune.costs: what one config's measurement costs the
+#             tuner, piece by piece (the load probe wants a tune's cache)  (~1 min)
 #   targets   python -m autotune.targets: TARGETS.md and targets.json of the results
 #
 # Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
@@ -116,6 +118,8 @@ for step in "${steps[@]}"; do
     stages)
       run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
       wrote_results=1 ;;
+    costs)
+      run_step costs "$PY" -m autotune.tune.costs || status=1 ;;
     targets)
       if "$PY" -m autotune.targets "$results" >"$results/TARGETS.md.tmp" 2>"$out/targets.log"; then
         mv "$results/TARGETS.md.tmp" "$results/TARGETS.md"
@@ -128,7 +132,7 @@ for step in "${steps[@]}"; do
       fi
       wrote_results=1 ;;
     *) echo "gpu_pass: unknown step $step (test tune quality bench bench1 bench2 example" \
-            "stages targets)" >&2
+            "stages costs targets)" >&2
        exit 2 ;;
   esac
 done
