@@ -3,12 +3,11 @@ the bit-for-bit check against the reference, and the timing.
 
 A key's inputs are `rotation` sets (enough that one pass over them exceeds twice the L2,
 so data that fits in L2 is not re-read from it, up to 32; but `L2_SETS` where even 32
-fit in the L2: those are L2-resident however many rotate, and each set costs the
-timing a call to capture), made once: the first and the
-last by the recipe's input maker (two seeds), the others copies of the first (what the
-rotation needs is other addresses, not other values, and some makers take a good part
-of a second a set on the host). The first and the last are kept pristine with their
-references. A check runs the config on
+fit in the L2: those are L2-resident however many rotate, and each set costs the timing
+a call to capture), made once: the first and the last by the recipe's input maker (two
+seeds), the others copies of the first (what the rotation needs is other addresses, not
+other values, and some makers take a good part of a second a set on the host). The
+first and the last are kept pristine with their references. A check runs the config on
 fresh copies of those (fresh output allocations poisoned first, so an output a config
 fails to write is garbage, not an earlier config's answer) and compares every output's
 bits; only a config that passes is timed.
