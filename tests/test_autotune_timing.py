@@ -246,3 +246,47 @@ def test_a_known_behind_time_is_subtracted_without_replaying_its_graph(monkeypat
                           behind=lambda: None, behind_us=0.25)
     assert captured == [8] and replayed == [8] * 5
     assert t.base_us == 0.25 and t.p50 == pytest.approx(1.0 - 0.25)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="times CUDA graph replays with CUDA events: needs a "
+                                       "GPU")
+def test_time_graph_warms_up_each_launch_signature_before_capturing(device):
+    """A Triton kernel timed over sets of which one is a view 4 bytes off the 16-byte
+    grid (another specialization of the kernel): the warm-up runs one set of each kind,
+    so the capture compiles and loads nothing, and the timing comes back."""
+    import recipes
+    base = torch.randn(4, 32001, device=device)
+    states = [base[:, :32000].clone() for _ in range(3)] + [base[:, 1:]]
+    assert len(timing.one_per_signature(states)) == 2
+    out = torch.empty(4, dtype=torch.int64, device=device)
+    t = timing.time_graph(lambda s: recipes.argmax(s, out=out), states, reps=5,
+                          device=device, behind=timing.plain_op(device))
+    assert len(t.samples) == 5 and t.base_us is not None and t.p50 > 0
+
+
+def test_the_tuner_measures_the_plain_op_once_a_key_in_its_search(monkeypatch):
+    """Measurer: the search's first timing at a replay size measures the plain op and the
+    next ones reuse it; a new replay size measures it again; the final re-timing always
+    measures it."""
+    from autotune.tune import measure
+    from autotune.tune.phases import NoPhases
+
+    seen = []
+
+    def fake_time_graph(call, states, *, behind_us=None, **kw):
+        seen.append(behind_us)
+        return timing.Timing([2.0], guarded=True,
+                             base_us=behind_us if behind_us is not None else 1.25)
+
+    monkeypatch.setattr(measure, "time_graph", fake_time_graph)
+    m = object.__new__(measure.Measurer)
+    m.cuda, m.device, m.states, m.behind = True, None, [0], (lambda: None)
+    m.calls, m.base_us, m.timings, m.unguarded = 20, {}, 0, 0
+    m.phases = NoPhases()
+    m.t = type("T", (), {"run": staticmethod(lambda s, c: None)})()
+    for phase in ("timing", "timing", "final", "timing"):
+        m.time({}, 5, phase=phase)
+    m.calls = 10
+    m.time({}, 5)
+    m.time({}, 5)
+    assert seen == [None, 1.25, None, 1.25, None, 1.25]
