@@ -15,7 +15,8 @@
 #   stages    python -m autotune.stages: the small-batch verify priced stage by stage
 #             -> results/<gpu>/stages.md                                 (~1 min)
 #   costs     python -m autotune.tune.costs: what one config's measurement costs the
-#             tuner, piece by piece (the load probe wants a tune's cache)  (~1 min)
+#             tuner, piece by piece (the load probe wants a tune's cache), then the
+#             default grids' binaries and launcher signatures (--launchers) (~2 min)
 #   targets   python -m autotune.targets: TARGETS.md and targets.json of the results
 #
 # Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
@@ -119,7 +120,8 @@ for step in "${steps[@]}"; do
       run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
       wrote_results=1 ;;
     costs)
-      run_step costs "$PY" -m autotune.tune.costs || status=1 ;;
+      run_step costs "$PY" -m autotune.tune.costs || status=1
+      run_step launchers "$PY" -m autotune.tune.costs --launchers || status=1 ;;
     targets)
       if "$PY" -m autotune.targets "$results" >"$results/TARGETS.md.tmp" 2>"$out/targets.log"; then
         mv "$results/TARGETS.md.tmp" "$results/TARGETS.md"

@@ -7,17 +7,21 @@ the check on both input sets and of its parts, of a search timing (`search_reps`
 replays) and one of 10, and of the timing's host pieces (the warm-up run before the
 capture and the capture itself). Then, in the same process, the first call of configs
 of another key whose binaries Triton's disk cache holds (run once before, e.g. by a
-tune): a binary's load. Needs a GPU.
+tune): a binary's load. `--launchers`: instead, probe every default key's grid (nothing
+compiled or launched) and count the binaries and the distinct launcher signatures
+(Triton builds one C launcher per signature at its first load). Needs a GPU.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 import torch
 
 from .. import timing
+from .compile import probe
 from .measure import Measurer, clone, poison_allocator
 from .options import Options, resolve
 from .plan import plan, select_tunables
@@ -84,14 +88,29 @@ def loads(job, dev, n: int) -> None:
           f"second call median {statistics.median(second):.2f} ms")
 
 
+def launchers(jobs, dev) -> None:
+    binaries: dict = {}
+    for j in jobs:
+        binaries.update(probe(j.tunable.run, j.tunable.make_inputs(j.key, dev, 0), j.grid)[1])
+    sigs = {json.dumps(list(json.loads(b.spec)["signature"].values())) for b in
+            binaries.values()}
+    print(f"{len(jobs)} keys: {len(binaries)} distinct binaries, {len(sigs)} distinct "
+          "launcher signatures")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m autotune.tune.costs",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", type=int, default=24, help="configs a key (default 24)")
     ap.add_argument("--load-key", default="B=64,K=3,V=151936,dtype=float32,mode=greedy",
                     help="chain_verify key whose binaries the disk cache holds")
+    ap.add_argument("--launchers", action="store_true",
+                    help="count the default grids' binaries and launcher signatures")
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
+    if a.launchers:
+        opts = resolve(Options(), dev)
+        return launchers(plan(opts, "costs", dev, select_tunables(opts)), dev)
     opts = resolve(Options(recipes=sorted(KEYS)), dev)
     jobs = plan(opts, "costs", dev, select_tunables(opts))
     for j in jobs:
