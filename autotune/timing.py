@@ -133,18 +133,6 @@ def plain_op(device=None):
     return lambda: torch.neg(a, out=b)
 
 
-def tensors(obj):
-    """The tensors in (nested lists, tuples, named tuples and dicts of) `obj`."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from tensors(x)
-
-
 def launch_signature(obj):
     """What a Triton launch specializes on in a (nested) state: each tensor's dtype,
     shape, strides and whether its address is 16-byte aligned, and the plain values.
@@ -169,7 +157,7 @@ def one_per_signature(states) -> list:
     return list(firsts.values())
 
 
-def _prime(fns, device) -> None:
+def prime(fns, device) -> None:
     """Run `fns` once outside any capture (compiling, first allocations), on a side
     stream as graph capture needs."""
     stream = torch.cuda.Stream(device)
@@ -181,12 +169,11 @@ def _prime(fns, device) -> None:
     torch.cuda.synchronize(device)
 
 
-_BASES: dict = {}        # (behind, n, device) -> a graph of n `behind` calls
 _CAPTURES = {"n": 0}
 RELEASE_EVERY = 256      # captures between two releases of dead graphs' memory pools
 
 
-def _capture(fns, device):
+def capture(fns, device):
     """A CUDA graph of `fns` called in order, captured on a side stream with
     `CUDAGraph.capture_begin`. Not `torch.cuda.graph`: its entry synchronizes and
     empties the device and host caching allocators, so the allocations after it are
@@ -209,17 +196,6 @@ def _capture(fns, device):
             graph.capture_end()
     torch.cuda.current_stream(device).wait_stream(stream)
     return graph
-
-
-def _base(behind, n: int, device):
-    """The graph of `n` calls of `behind` (one per (behind, n, device), kept while the
-    last few are in use: a tune times every config of a key behind the same op)."""
-    key = (behind, n, str(device))
-    if key not in _BASES:
-        if len(_BASES) >= 8:
-            _BASES.clear()
-        _BASES[key] = _capture([behind] * n, device)
-    return _BASES[key]
 
 
 def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int = 50,
@@ -262,9 +238,10 @@ def time_graph(call, states, *, calls_per_replay: int | None = None, reps: int =
         steps.append(lambda s=s: call(s))
     first = [lambda s=s: call(s) for s in one_per_signature(states)] + \
         ([behind] if behind else [])
-    _prime(first, device)
-    graph = _capture(steps, device)
-    base = _base(behind, n, device) if behind is not None and behind_us is None else None
+    prime(first, device)
+    graph = capture(steps, device)
+    base = capture([behind] * n, device) if behind is not None and behind_us is None \
+        else None
     if warm_gpu:
         _warm(device)
     for _ in range(warmup):

@@ -130,8 +130,8 @@ def test_time_graph_behind_a_plain_op_subtracts_the_op(monkeypatch):
         def replay(self):
             sim.queue(self.us)
 
-    monkeypatch.setattr(timing, "_prime", lambda fns, device: None)
-    monkeypatch.setattr(timing, "_capture", lambda fns, device: SimGraph(fns))
+    monkeypatch.setattr(timing, "prime", lambda fns, device: None)
+    monkeypatch.setattr(timing, "capture", lambda fns, device: SimGraph(fns))
     monkeypatch.setattr(timing, "_warm", lambda device: None)
 
     def op():
@@ -207,8 +207,8 @@ def test_a_warm_up_runs_one_state_per_launch_signature(monkeypatch):
     assert timing.one_per_signature(states) == [a, off, other_n, other_shape]
 
     primed, captured = [], []
-    monkeypatch.setattr(timing, "_prime", lambda fns, device: primed.append(len(fns)))
-    monkeypatch.setattr(timing, "_capture", lambda fns, device: captured.append(len(fns)))
+    monkeypatch.setattr(timing, "prime", lambda fns, device: primed.append(len(fns)))
+    monkeypatch.setattr(timing, "capture", lambda fns, device: captured.append(len(fns)))
     monkeypatch.setattr(timing, "_guarded_replays", lambda g, n, d: ([1.0] * n, True))
     monkeypatch.setattr(timing, "_warm", lambda device: None)
     timing.time_graph(lambda s: None, [a, *copies], reps=3, warmup=0)
@@ -232,8 +232,8 @@ def test_a_known_behind_time_is_subtracted_without_replaying_its_graph(monkeypat
     """`behind_us` (the op's per-call time from an earlier timing) is subtracted as given:
     only the graph of [op, call] pairs is captured and replayed."""
     captured, replayed = [], []
-    monkeypatch.setattr(timing, "_prime", lambda fns, device: None)
-    monkeypatch.setattr(timing, "_capture", lambda fns, device: captured.append(len(fns))
+    monkeypatch.setattr(timing, "prime", lambda fns, device: None)
+    monkeypatch.setattr(timing, "capture", lambda fns, device: captured.append(len(fns))
                         or len(fns))
     monkeypatch.setattr(timing, "_warm", lambda device: None)
 

@@ -176,15 +176,16 @@ def _compile_task(module: str, qualname: str,
         kernel = obj.preload(spec)
     except Exception as exc:  # noqa: BLE001 - the measuring process will see it too
         return time.monotonic() - t0, _text(exc), 0.0, None
-    t1 = time.monotonic()
-    return t1 - t0, None, *_build_launcher(kernel, t1)
+    return time.monotonic() - t0, None, *_build_launcher(kernel)
 
 
-def _build_launcher(kernel, t0: float) -> tuple[float, str | None]:
+def _build_launcher(kernel) -> tuple[float, str | None]:
     """Build the binary's C launcher into Triton's cache as well. Triton builds it with
     the host's C compiler when a binary is first loaded (one per kernel signature), in
     the measuring process unless it is cached; building it here needs no GPU. An error
-    only leaves that build to the first load (the pool's stats count it)."""
+    only leaves that build to the first load (the pool's stats count it). Returns
+    (seconds, error or None)."""
+    t0 = time.monotonic()
     try:
         from triton.backends.nvidia.driver import CudaLauncher
         CudaLauncher(kernel.src, kernel.metadata)

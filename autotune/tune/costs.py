@@ -64,9 +64,9 @@ def pieces(job, dev, n: int) -> None:
         ("  compare only", lambda c: t.equal(m.refs[0], m.refs[0])),
         ("timing (search reps)", lambda c: m.time(c, m.search_reps)),
         ("timing (10 reps)", lambda c: m.time(c, 10)),
-        ("warm-up run of the sets", lambda c: timing._prime(
+        ("warm-up run of the sets", lambda c: timing.prime(
             [lambda s=s: t.run(s, c) for s in timing.one_per_signature(states)], dev)),
-        ("capture of the calls", lambda c: timing._capture(
+        ("capture of the calls", lambda c: timing.capture(
             [lambda s=s: t.run(s, c) for s in (states * calls)[:calls]], dev)),
     ]
     for name, fn in rows:

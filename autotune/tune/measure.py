@@ -39,7 +39,6 @@ from ..timing import (
     l2_bytes,
     plain_op,
     rotation,
-    tensors,
     time_eager,
     time_graph,
     time_wall,
@@ -75,6 +74,17 @@ def clone(obj):
     if isinstance(obj, dict):
         return {k: clone(v) for k, v in obj.items()}
     return obj
+
+
+def tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from tensors(x)
 
 
 def search_sets(nbytes: int, device) -> int:
