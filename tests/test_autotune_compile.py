@@ -10,7 +10,8 @@ import pytest
 from autotune_util import PY, REPO, subprocess_env
 from helpers import ON_GPU
 
-from autotune.tune.compile import Binary, CompilePool
+from autotune.tune.compile import Binary, CompilePool, ConfigCosts
+from autotune.tune.phases import Phases
 
 
 def test_pool_compiles_what_the_measuring_side_then_loads(tmp_path):
@@ -85,6 +86,29 @@ def test_a_launcher_that_cannot_be_built_leaves_the_binary_compiled(monkeypatch)
                                                  "ModuleNotFoundError"))
 
 
+def test_config_costs_split_by_load_and_by_the_pool_compiling():
+    """Each config's check and timing seconds land under whether its check loaded a
+    binary and whether the pool still had binaries to compile."""
+    import types
+    phases = Phases()
+    watch = types.SimpleNamespace(loads=0)
+    pool = types.SimpleNamespace(left=lambda: 3)
+    costs = ConfigCosts(phases, watch, pool)
+    for loads, check, timing, left in [(1, 0.05, 0.01, 3), (0, 0.002, 0.008, 3),
+                                       (0, 0.004, 0.012, 0)]:
+        pool.left = lambda n=left: n
+        b = costs.before()
+        watch.loads += loads
+        phases.add("check", check)
+        phases.add("timing", timing)
+        phases.add("search", 1.0)           # not a config's check or timing
+        costs.after(b)
+    assert costs.report() == {
+        "cached": {"configs": 1, "check_ms": 4.0, "timing_ms": 12.0},
+        "cached while compiling": {"configs": 1, "check_ms": 2.0, "timing_ms": 8.0},
+        "loaded while compiling": {"configs": 1, "check_ms": 50.0, "timing_ms": 10.0}}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a real tune with the compile pool needs a GPU")
 def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
     """One small argmax key on the GPU with an empty Triton cache: the pool compiles every
@@ -105,6 +129,10 @@ def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
     assert k["measured"] == k["admitted"] and pool["failed"] == 0
     assert pool["compiled"] + pool["from_cache"] == pool["binaries"] > 0
     assert comp["compiled_in_process"] == 0 and comp["loaded"] == pool["binaries"]
+    split = comp["config_costs"]
+    assert sum(v["configs"] for v in split.values()) == k["measured"]
+    assert set(split) <= {"loaded", "cached", "loaded while compiling",
+                          "cached while compiling"}
     tab = json.loads((tmp_path / slug / "argmax.json").read_text())
     assert tab["header"]["source_hash"] == get("argmax").source_hash()
     (e,) = tab["entries"]

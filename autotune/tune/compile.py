@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 HIT_S = 0.05          # a worker compile faster than this came from Triton's cache
 OUTSTANDING = 3       # tasks in flight a worker (keeps the pool busy between top-ups)
+WORKER_NICE = 10      # workers (and their ptxas) yield the cores to the measuring process
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,37 @@ class LoadWatch:
         self._ctx.__exit__(*exc)
 
 
+class ConfigCosts:
+    """A measured config's check and timing seconds, split by whether its check loaded a
+    binary and whether the pool was still compiling: where a tune's per-config cost goes
+    (the tune report's `compile.config_costs`)."""
+
+    def __init__(self, phases, watch: LoadWatch, pool: "CompilePool | None"):
+        self.phases, self.watch, self.pool = phases, watch, pool
+        self.split: dict = {}        # tag -> [configs, check s, timing s]
+
+    def before(self) -> tuple:
+        busy = self.pool is not None and self.pool.left() > 0
+        s = self.phases.seconds
+        return s["check"], s["timing"], self.watch.loads, busy
+
+    def after(self, before: tuple) -> None:
+        check, timing, loads, busy = before
+        tag = ("loaded" if self.watch.loads > loads else "cached") + \
+            (" while compiling" if busy else "")
+        row = self.split.setdefault(tag, [0, 0.0, 0.0])
+        s = self.phases.seconds
+        row[0] += 1
+        row[1] += s["check"] - check
+        row[2] += s["timing"] - timing
+
+    def report(self) -> dict:
+        """{tag: {"configs", "check_ms", "timing_ms"}} (means a config)."""
+        return {tag: {"configs": n, "check_ms": round(1e3 * c / n, 2),
+                      "timing_ms": round(1e3 * t / n, 2)}
+                for tag, (n, c, t) in sorted(self.split.items())}
+
+
 # --- the worker processes ------------------------------------------------------------
 class TargetDriver:
     """What `JITFunction.preload` needs of a driver to compile: the device's index and
@@ -157,6 +189,10 @@ class TargetDriver:
 def _worker_init(target, index: int, package: str) -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
+    try:    # the measuring process (its launches, syncs and captures) comes first
+        os.nice(WORKER_NICE)
+    except (AttributeError, OSError):
+        pass
     os.environ.pop("TRITON_INTERPRET", None)         # compiled kernels, whatever the parent
     from triton.runtime import driver
     driver.set_active(TargetDriver(target, index))
@@ -239,6 +275,7 @@ class CompilePool:
         self.cap = OUTSTANDING * workers
         self.enabled = True
         self._seq = itertools.count()
+        self._left = 0                 # binaries queued or running
 
     # --- queueing ---------------------------------------------------------------------
     def add(self, binaries: dict) -> None:
@@ -247,6 +284,7 @@ class CompilePool:
             if bid not in self.binaries:
                 self.binaries[bid] = b
                 self.status[bid] = "queued"
+                self._left += 1
                 self.stats.probed += 1
                 self._set(bid, (2, next(self._seq)))
 
@@ -296,6 +334,7 @@ class CompilePool:
     def _collect(self, futures) -> None:
         for f in futures:
             bid = self.running.pop(f)
+            self._left -= 1
             try:
                 secs, err, lsecs, lerr = f.result()
             except Exception as exc:  # noqa: BLE001 - a worker died: no more pool
@@ -355,7 +394,8 @@ class CompilePool:
         self.pump()
 
     def left(self) -> int:
-        return sum(st in ("queued", "running") for st in self.status.values())
+        """Binaries queued or running (compiled, failed or not, they are off the list)."""
+        return self._left
 
     def close(self) -> None:
         self.enabled = False

@@ -11,7 +11,7 @@ import torch
 
 from ..tables import previous_configs, table_path
 from .budget import RESERVE_S, CostModel, Coverage, gpu_seconds
-from .compile import LoadWatch, probe, start_pool
+from .compile import ConfigCosts, LoadWatch, probe, start_pool
 from .device import device_name, select_device
 from .measure import Measurer, search_sets, tensors
 from .options import Options, resolve, results_dir
@@ -87,6 +87,7 @@ class Session:
             self.store = Store(opts.storage, results_dir(opts), slug)
         self.pool = start_pool(opts.compile_workers or 0, device, opts.package)
         self.watch = LoadWatch(self.pool)
+        self.costs = ConfigCosts(phases, self.watch, self.pool)
         self.model = CostModel("cuda" if self.cuda else "cpu",
                                self.pool.stats.workers if self.pool else 0)
         self.bins: dict = {}        # study -> {config_id: [binary ids]}
@@ -224,8 +225,10 @@ class Session:
                 with ph("search"):
                     trial, cfg = ks.ask()
                 t0 = time.monotonic()
+                before = self.costs.before()
                 out = m.evaluate(cfg)
                 dt = time.monotonic() - t0
+                self.costs.after(before)
                 if not paced and out.status == "ok":
                     m.pace(out.value)
                     paced = True
@@ -243,7 +246,8 @@ class Session:
 
     def compile_report(self) -> dict:
         out = {"pool": None, "loaded": self.watch.loads,
-               "compiled_in_process": self.watch.misses}
+               "compiled_in_process": self.watch.misses,
+               "config_costs": self.costs.report()}
         if self.pool is not None:
             s = self.pool.stats
             out["pool"] = {"workers": s.workers, "binaries": s.probed,
