@@ -46,6 +46,7 @@ def test_the_estimate_is_the_arithmetic_of_the_docstring():
     assert cov.estimate(shared, 1.0, lambda b: False) == pytest.approx(22.0 + RESERVE_S)
     # compiled ones cost nothing: the measuring process's own time counts
     assert cov.estimate(jobs, 1.0, lambda b: True) == pytest.approx(1.0 + 3.0 + RESERVE_S)
+    assert cov.estimate(jobs, 1.0, None) == pytest.approx(1.0 + 3.0 + RESERVE_S)  # none left
     # half the grids: 50 + 100 configs (and binaries)
     assert cov.estimate(jobs, 0.5, lambda b: False) == pytest.approx(
         15.0 + 0.5 + 0.75 + RESERVE_S)

@@ -101,7 +101,7 @@ class Coverage:
     many of the first n configs of its order the store holds already, GPU seconds of one
     of its configs, the binaries of its order's configs as a list of sets[, finished]);
     a finished key costs nothing where it holds the fraction's configs already.
-    `compiled(bid)` says whether a binary needs no more compiling."""
+    `compiled(bid)` says whether a binary needs no more compiling (None: none does)."""
 
     def __init__(self, budget_s: float | None, started: float, model: CostModel, *,
                  cap: int | None = None, exhaustive: bool = False, clock=time.monotonic):
@@ -124,11 +124,12 @@ class Coverage:
                 continue
             keys += 1
             conf_s += owed * m.config_s(gpu_s)
-            for s in order_bins[:n]:
-                bins.update(s)
+            if compiled is not None:
+                for s in order_bins[:n]:
+                    bins.update(s)
         if not keys:
             return RESERVE_S
-        todo = sum(1 for b in bins if not compiled(b))
+        todo = sum(1 for b in bins if not compiled(b)) if compiled is not None else 0
         main_s = keys * m.per_key() + conf_s
         if not m.workers or not todo:
             return main_s + RESERVE_S

@@ -2,6 +2,7 @@
 `autotune.tune.workers`). See the package docstring for the pipeline."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -30,6 +31,7 @@ from .write import (
 )
 
 KEEP_INPUTS = 0.25       # of the free GPU memory: probe input sets kept for measuring
+SAVE_EVERY_S = 20.0      # tables and report rewritten at most this often during a run
 
 
 def worker_id(index: int | None = None) -> str:
@@ -169,7 +171,8 @@ class Session:
             if self.pool is not None:
                 self.pool.pump()
                 self.model.observe_binaries(self.pool.stats.per_binary_s())
-            compiled = self.pool.compiled if self.pool is not None else (lambda b: True)
+            compiled = self.pool.compiled if self.pool is not None and self.pool.left() \
+                else None
             before = cov.fraction if cov.history else None
             f = cov.plan(self.planning_view(jobs, finished), compiled)
             if f != before:
@@ -303,6 +306,8 @@ class Run:
         self.tables: dict = {}       # recipe -> path
         self.session: Session | None = None
         self.coverage: Coverage | None = None
+        self.dirty: dict = {}        # recipe -> tunable, with entries not yet written
+        self.saved_at = self.reported_at = -math.inf
 
     def finished(self, job: Job, entry: dict | None, results: dict, counts: dict,
                  planned: int, seconds: float) -> None:
@@ -320,16 +325,36 @@ class Run:
             self.rows[at] = key_row(job, entry, counts, planned, seconds)
         if entry is None or not entry["admitted"]:
             return
-        ents = self.entries.setdefault(t.name, {})
-        ents[job.kstr] = entry
-        heur = {j.kstr: j.heuristic if j.admitted else None
-                for j in self.jobs if j.tunable.name == t.name}
-        with self.phases("write"):
-            no_slower_at(ents, self.results[t.name], heur, t.space)
-            self.tables[t.name] = str(write_table(self.out_dir, self.slug, t, self.device,
-                                                  list(ents.values())))
+        self.entries.setdefault(t.name, {})[job.kstr] = entry
+        self.dirty[t.name] = t
+        self.save(force=False)
 
-    def report(self, *, complete: bool, interrupted: bool = False, extra=None) -> str:
+    def save(self, *, force: bool) -> None:
+        """Rewrite the tables of the recipes with new entries (every entry's no_slower_at
+        again): when forced, else at most every SAVE_EVERY_S (each write recomputes a
+        recipe's whole table; the end of a run, an interrupt or an error forces one)."""
+        now = time.monotonic()
+        if not self.dirty or (not force and now - self.saved_at < SAVE_EVERY_S):
+            return
+        with self.phases("write"):
+            for name, t in self.dirty.items():
+                ents = self.entries[name]
+                heur = {j.kstr: j.heuristic if j.admitted else None
+                        for j in self.jobs if j.tunable.name == name}
+                no_slower_at(ents, self.results[name], heur, t.space)
+                self.tables[name] = str(write_table(self.out_dir, self.slug, t, self.device,
+                                                    list(ents.values())))
+        self.dirty.clear()
+        self.saved_at = now
+
+    def report(self, *, complete: bool, interrupted: bool = False, extra=None,
+               force: bool = True) -> str | None:
+        """Write the tune report (with the tables first); unforced, at most every
+        SAVE_EVERY_S (returns None when it did not write)."""
+        if not force and time.monotonic() - self.reported_at < SAVE_EVERY_S:
+            return None
+        self.save(force=True)
+        self.reported_at = time.monotonic()
         wall = time.monotonic() - self.opts.started
         path = self.out_dir / self.slug / REPORT
         s = self.session
@@ -404,7 +429,10 @@ def tune(opts: Options) -> dict:
                        f"in their tables (report {where})")
         raise
     finally:
-        session.close()
+        try:
+            run.save(force=True)       # whatever ends the run, finished keys are kept
+        finally:
+            session.close()
     progress.close()
     where = run.report(complete=True)
     elapsed = time.monotonic() - opts.started
@@ -444,7 +472,7 @@ def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
         session.refresh(j)
         say_key(progress, j, entry, ks, m, limit, seconds)
         del m
-        run.report(complete=False)
+        run.report(complete=False, force=False)
 
     finished: set = set()
     for i, j in enumerate(jobs):

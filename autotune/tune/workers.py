@@ -44,12 +44,13 @@ def tune_workers(opts, device, slug, out_dir, jobs, phases, fresh: bool) -> dict
                 j = jobs[idx]
                 run.finished(j, entry, store.results(j.study), counts, planned, seconds)
                 progress.write(line)
-                run.report(complete=False, extra=extra)
+                run.report(complete=False, extra=extra, force=False)
             elif msg[0] == "done":
                 extra["workers"][str(msg[1])] = msg[2]
     finally:
         for p in procs:
             p.join()
+        run.save(force=True)
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         progress.write(f"autotune: {len(bad)} worker(s) exited with an error (codes {bad}); "
