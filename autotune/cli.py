@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="tune the recipes on this GPU (or a CPU smoke tune)")
     _add_common(t, "time budget of the whole run in seconds, from the process start "
-                   "(default 420 on a GPU: a fresh `make tune` of the default keys within "
+                   "(default 450 on a GPU: a fresh `make tune` of the default keys within "
                    "8 minutes; 150 on CPU; 0: none). Every key measures the same fraction "
                    "of its grid, the largest the costs measured so far say fits (planned "
                    "again as keys finish); at least the heuristic's config")

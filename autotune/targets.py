@@ -19,6 +19,7 @@ from pathlib import Path
 
 from autotune.bench.results import (
     HEURISTIC,
+    REPEAT,
     back_to_back_time,
     copy_time_at,
     geomean,
@@ -311,8 +312,16 @@ def never_slower(inp):
     if not seen:
         raise Missing("; ".join(missing) or "no case with a heuristic-config timing "
                       f"(no bench-*.json in {inp.root}, or no tuned table)")
+    # the case's own noise: ours timed twice (the repeat is timed last)
+    beyond = [(s, c, h) for s, c, h in slower
+              if p50(c, REPEAT) is None
+              or ours_time(c) - 1.02 * h > abs(ours_time(c) - p50(c, REPEAT))]
     detail = "; ".join(f"{s} {_lab(c['label'])}: {ours_time(c):.2f} vs {h:.2f} us"
+                       + (f" (ours repeated: {p50(c, REPEAT):.2f})" if p50(c, REPEAT) else "")
                        for s, c, h in slower[:10]) or f"none of {seen} cases"
+    if slower:
+        detail = (f"{len(beyond)} of the {len(slower)} by more than the case's own noise "
+                  f"(ours timed twice); " + detail)
     if missing:
         detail += " (not read: " + "; ".join(missing) + ")"
     return len(slower), not slower and not missing, detail

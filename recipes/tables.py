@@ -120,7 +120,7 @@ def load_table(path: Path) -> dict:
 
 def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
     """The usable entries of a parsed table, as (key, config, keys where the config was
-    measured no slower than the heuristic)."""
+    measured no slower than the heuristic, the heuristic's config at the key or None)."""
     from .tuning import get, key_str
 
     tk = (slug, recipe)
@@ -131,7 +131,9 @@ def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
                        "the Triton interpreter; using heuristic configs")
         return []
     entries = [(e["key"], e["config"],
-                frozenset(key_str(k) for k in e.get("no_slower_at") or () if isinstance(k, dict)))
+                frozenset(key_str(k) for k in e.get("no_slower_at") or () if isinstance(k, dict)),
+                e.get("heuristic_config") if isinstance(e.get("heuristic_config"), dict)
+                else None)
                for e in data["entries"]]
     tuning = get(recipe)
     if tuning is None:
@@ -225,13 +227,15 @@ def inside_tuned(entries, key: dict) -> bool:
         for f, v in key.items() if _numeric(v))
 
 
-def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
+def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=None):
     """The config to run at `key`: the exact entry's; else, for a key inside the tuned
     keys' span in every numeric field (`inside_tuned`), that of the nearest entry within
     `max_field` (`key_distance`) whose config was measured no slower than the heuristic
     at every other tuned key near `key` (its `no_slower_at`), where there are at least
-    two: a borrowed config is one that held up around `key`. Else None (the
-    heuristic)."""
+    two, and, given `heuristic` (the heuristic's config at `key`), whose own key had that
+    same heuristic config: the measurements compared the lent config with the config
+    `key` would otherwise run. Else None (the heuristic). `entries`: (key, config,
+    no_slower_at key strings[, the heuristic's config at the key])."""
     from .tuning import key_str
 
     near = []
@@ -245,16 +249,19 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2):
     if len(near) < 2 or not inside_tuned(entries, key):
         return None
     names = [key_str(e[0]) for _, e in near]
-    for _, (k, cfg, ok_at) in near:
+    for _, (k, cfg, ok_at, *heur) in near:
         own = key_str(k)
+        if heuristic is not None and (not heur or heur[0] != dict(heuristic)):
+            continue
         if all(n == own or n in ok_at for n in names):
             return cfg
     return None
 
 
-def lookup(recipe: str, key: dict, device: torch.device):
-    """The tuned config for `key` on `device`'s GPU (exact key, else nearest), or None.
-    Only CUDA devices have tables; under the interpreter this is always None."""
+def lookup(recipe: str, key: dict, device: torch.device, heuristic=None):
+    """The tuned config for `key` on `device`'s GPU (exact key, else nearest; `heuristic`:
+    the heuristic's config at `key`, see `nearest`), or None. Only CUDA devices have
+    tables; under the interpreter this is always None."""
     if device.type != "cuda":
         return None
     try:
@@ -263,16 +270,16 @@ def lookup(recipe: str, key: dict, device: torch.device):
         _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
                                        f"{recipe} ({exc}); using heuristic configs")
         return None
-    return lookup_slug(slug, recipe, key)
+    return lookup_slug(slug, recipe, key, heuristic)
 
 
-def lookup_slug(slug: str, recipe: str, key: dict):
+def lookup_slug(slug: str, recipe: str, key: dict, heuristic=None):
     """`lookup` for the tables of GPU `slug` (what tests and tools call)."""
     try:
         # no cache of its own: `resolve` caches what a call runs (bounded), and a lookup
         # is a scan of a few dozen entries
         t = _table(slug, recipe)
-        return nearest(t["entries"], key) if t["entries"] else None
+        return nearest(t["entries"], key, heuristic=heuristic) if t["entries"] else None
     except Exception as exc:  # noqa: BLE001 - dispatch never fails a call
         _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
                                        f"{recipe} ({exc}); using heuristic configs")
@@ -307,10 +314,11 @@ def resolve(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
 
 
 def _resolve_now(recipe, key, heuristic, device) -> dict:
-    tuned = None if _FORCE_HEURISTIC else lookup(recipe, key, device)
+    fallback = heuristic(key, device)
+    tuned = None if _FORCE_HEURISTIC else lookup(recipe, key, device, fallback)
     if _TRACE is not None:
         _TRACE.append((recipe, dict(key), None if tuned is None else dict(tuned)))
-    return dict(tuned) if tuned is not None else heuristic(key, device)
+    return dict(tuned) if tuned is not None else fallback
 
 
 @contextlib.contextmanager

@@ -21,9 +21,12 @@ def results(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
 
-def _entry(key, cfg, p50=1.0, no_slower_at=()):
-    return {"key": key, "config": cfg, "p20_us": p50, "p50_us": p50, "p80_us": p50,
-            "no_slower_at": list(no_slower_at)}
+def _entry(key, cfg, p50=1.0, no_slower_at=(), heuristic=None):
+    e = {"key": key, "config": cfg, "p20_us": p50, "p50_us": p50, "p80_us": p50,
+         "no_slower_at": list(no_slower_at)}
+    if heuristic is not None:
+        e["heuristic_config"] = heuristic
+    return e
 
 
 def _write(root, slug, t, entries, **header):
@@ -116,6 +119,24 @@ def test_nearest_interpolates_never_extrapolates():
     # another dtype's tuned keys do not widen the span
     entries.append(({"dtype": "float32", "R": 6, "K": 7}, "f32", ks()))
     assert nearest(entries, {**r4, "R": 6, "K": 4}) is None
+
+
+def test_a_config_is_lent_only_where_the_heuristic_is_the_lenders():
+    """The measurements behind a lent config compared it with the heuristic's config at
+    the lender's key; where the heuristic picks another config, they say nothing about
+    it, and the key runs its heuristic."""
+    ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
+    r4, r8 = {"dtype": "bfloat16", "R": 4}, {"dtype": "bfloat16", "R": 8}
+    h4, h8 = {"SPLIT": 32}, {"SPLIT": 16}
+    entries = [(r4, "r4", ks(r8), h4), (r8, "r8", ks(r4), h8)]
+    r6 = {**r4, "R": 6}
+    assert nearest(entries, r6) == "r8"                          # no heuristic given
+    assert nearest(entries, r6, heuristic=h8) == "r8"
+    assert nearest(entries, r6, heuristic=h4) == "r4"            # the next nearest's
+    assert nearest(entries, r6, heuristic={"SPLIT": 8}) is None  # neither's heuristic
+    assert nearest(entries, r4, heuristic={"SPLIT": 8}) == "r4"  # exact: always its own
+    old = [(r4, "r4", ks(r8)), (r8, "r8", ks(r4))]               # no heuristic recorded
+    assert nearest(old, r6, heuristic=h8) is None
 
 
 def test_dispatch_exact_then_nearest(results, fake):

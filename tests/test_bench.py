@@ -277,9 +277,12 @@ def test_dispatch_resolve_cache_trace_and_heuristic_only(tmp_path, monkeypatch):
         dispatch.resolve("demo", {"n": 3}, heur, cpu)
     assert tr == [("demo", {"n": 3}, None)] and len(calls) == 3   # tracing bypasses cache
     # a tuned table on a (pretend) GPU: lookup wins unless heuristic_only
-    monkeypatch.setattr(dispatch, "lookup", lambda r, k, d: {"A": 99})
+    asked = []
+    monkeypatch.setattr(dispatch, "lookup",
+                        lambda r, k, d, h: asked.append(h) or {"A": 99})
     dispatch.clear_cache()
     assert dispatch.resolve("demo", {"n": 3}, heur, cpu) == {"A": 99}
+    assert asked == [{"A": 3}]           # the lookup knows the heuristic's config there
     with dispatch.heuristic_only():
         assert dispatch.resolve("demo", {"n": 3}, heur, cpu) == {"A": 3}
     with dispatch.trace_configs() as tr:
