@@ -201,4 +201,4 @@ def key_row(job: Job, entry: dict | None, counts: dict, planned: int, seconds: f
             "heuristic_us": entry["heuristic_p50_us"] if entry else None,
             "entry_us": entry["p50_us"] if entry else None,
             "chosen_from": entry["chosen_from"] if entry else None,
-            "seconds": round(seconds, 2)}
+            "seconds": round(seconds, 3)}
