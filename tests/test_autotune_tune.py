@@ -400,7 +400,9 @@ def test_killed_tune_resumes(tmp_path):
 
 @pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 def test_ctrl_c_says_how_to_resume_and_keeps_what_was_measured(tmp_path):
-    cmd = [PY, *TUNE_SLOW, "--results", str(tmp_path)]
+    # 12 configs of 0.3 s: 1.5 s after the study is created the search has ~2 s to go,
+    # so the signal lands in it even on a slow host, not after the run
+    cmd = [PY, *TUNE_SLOW, "--results", str(tmp_path), "--trials", "12"]
     env = subprocess_env(FAKE_SLOW_S="0.3", SPEC_TUNE_DEVICE="cpu")
     p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
