@@ -6,7 +6,7 @@ import math
 import pytest
 
 from autotune.quality import GridPacer
-from autotune.tune.budget import RESERVE_S, CostModel, Coverage
+from autotune.tune.budget import RESERVE_S, CostModel, Coverage, OrderBins
 from autotune.tune.search import fraction_configs
 
 
@@ -32,6 +32,21 @@ def _model(config_s=0.01, key_s=0.5, binary_s=1.0, workers=10):
     m = CostModel("cuda", workers)
     m.guess = {"config_s": config_s, "key_s": key_s, "binary_s": binary_s}
     return m
+
+
+def test_order_bins_prices_the_same_as_a_list():
+    """The run's cached prefix unions give the estimate a plain list of sets gives."""
+    clock = Clock()
+    cov = Coverage(1000.0, clock(), _model(), clock=clock)
+    jobs = _jobs([100, 37, 200], bins_per_config=2, shared=True)
+    cached = [(g, done, s, OrderBins(ob)) for g, done, s, ob in jobs]
+    odd = lambda b: b[1] % 2 == 1                                   # noqa: E731
+    for f in (0.0, 0.05, 0.5, 0.95, 1.0):
+        for _ in range(2):                                          # cold, then cached
+            assert cov.estimate(cached, f, odd) == cov.estimate(jobs, f, odd)
+    ob = cached[1][3]
+    assert ob.prefix(3) == {(0, c, b) for c in range(3) for b in range(2)}
+    assert ob.prefix(0) == frozenset() and ob.prefix(37) == ob.prefix(99)
 
 
 def test_the_estimate_is_the_arithmetic_of_the_docstring():

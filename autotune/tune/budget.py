@@ -96,6 +96,28 @@ class CostModel:
                 "measured": {"configs": len(self.host_s), "keys": len(self.key_s)}}
 
 
+class OrderBins(list):
+    """A key's binaries, one set per config of its order, with the union of each prefix
+    cached: the plan prices a handful of fractions after every key, over every key."""
+
+    def __init__(self, sets):
+        super().__init__(sets)
+        self._prefix: dict = {}
+
+    def prefix(self, n: int) -> frozenset:
+        u = self._prefix.get(n)
+        if u is None:
+            u = self._prefix[n] = frozenset().union(*self[:n])
+        return u
+
+
+def prefix_bins(order_bins, n: int):
+    """The binaries of the first `n` configs (an `OrderBins` or a list of sets)."""
+    if isinstance(order_bins, OrderBins):
+        return order_bins.prefix(n)
+    return set().union(*order_bins[:n])
+
+
 class Coverage:
     """Plans the fraction for the keys, each given as (grid size, `done`: done[n] = how
     many of the first n configs of its order the store holds already, GPU seconds of one
@@ -125,8 +147,7 @@ class Coverage:
             keys += 1
             conf_s += owed * m.config_s(gpu_s)
             if compiled is not None:
-                for s in order_bins[:n]:
-                    bins.update(s)
+                bins.update(prefix_bins(order_bins, n))
         if not keys:
             return RESERVE_S
         todo = sum(1 for b in bins if not compiled(b)) if compiled is not None else 0

@@ -11,7 +11,7 @@ import time
 import torch
 
 from ..tables import previous_configs, table_path
-from .budget import RESERVE_S, CostModel, Coverage, gpu_seconds
+from .budget import RESERVE_S, CostModel, Coverage, OrderBins, gpu_seconds
 from .compile import ConfigCosts, LoadWatch, probe, start_pool
 from .device import device_name, select_device
 from .measure import Measurer, search_sets, tensors
@@ -121,9 +121,9 @@ class Session:
                     keep -= nbytes
             self.pool.pump()        # the workers start on the first keys' binaries
 
-    def order_bins(self, job: Job) -> list:
+    def order_bins(self, job: Job) -> OrderBins:
         per = self.bins.get(job.study, {})
-        return [set(per.get(config_id(c), ())) for c in job.order]
+        return OrderBins(set(per.get(config_id(c), ())) for c in job.order)
 
     def prioritize(self, jobs: list[Job], limit) -> None:
         """Compile order: every job's planned configs in measurement order, then the rest
