@@ -89,7 +89,8 @@ def tune_report_text(root, slug: str) -> list[str]:
            + f", budget {r.get('budget_s')} s; {len(keys)} of {r.get('keys_planned')} keys, "
            f"{r.get('configs_measured')} configs measured"
            + (f"; coverage {_range(frac)} of each grid" if frac else "")
-           + (f" ({len(cut)} keys not measured in full)" if cut else "")]
+           + (f" ({len(cut)} keys not measured in full, {sum(f >= 0.5 for f in frac)} "
+              "at half or more)" if cut else "")]
     ph = r.get("phases") or {}
     if ph:
         out.append("   time: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items()
@@ -102,6 +103,11 @@ def tune_report_text(root, slug: str) -> list[str]:
                    f"Triton's cache, {pool['failed']} failed), {pool['worker_s']} worker-s; "
                    f"measuring process loaded {comp.get('loaded')}, compiled "
                    f"{comp.get('compiled_in_process')} itself")
+    costs = comp.get("config_costs") or {}
+    if costs:
+        out.append("   a config: " + "; ".join(
+            f"{tag} {c['check_ms']:.2f} ms check + {c['timing_ms']:.2f} ms timing "
+            f"({c['configs']})" for tag, c in costs.items()))
     return out
 
 

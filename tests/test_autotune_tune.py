@@ -699,3 +699,21 @@ def test_measuring_follows_the_compile_pool(tmp_path, fake, monkeypatch):
     r = _report(tmp_path)
     assert r["compile"]["pool"]["binaries"] == 4 and r["compile"]["pool"]["workers"] == 2
     assert "compile_wait" in r["phases"]
+
+
+def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
+    """`python -m autotune show`'s report lines: how many keys reached half their grid
+    (the coverage target) and what a config cost, split as the tune measured it."""
+    from autotune.views import tune_report_text
+    rep = {"date": "d", "complete": True, "wall_s": 1.0, "budget_s": 2.0, "keys_planned": 3,
+           "configs_measured": 9,
+           "keys": [{"measured": 1, "admitted": 4}, {"measured": 2, "admitted": 4},
+                    {"measured": 6, "admitted": 6}],
+           "compile": {"pool": None, "loaded": 2, "compiled_in_process": 0,
+                       "config_costs": {"cached": {"configs": 7, "check_ms": 1.25,
+                                                   "timing_ms": 11.5}}}}
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "tune-report.json").write_text(json.dumps(rep))
+    text = "\n".join(tune_report_text(tmp_path, "g"))
+    assert "(2 keys not measured in full, 2 at half or more)" in text
+    assert "a config: cached 1.25 ms check + 11.50 ms timing (7)" in text
