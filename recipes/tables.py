@@ -11,11 +11,11 @@ Where tables are found, first match wins (`search_roots`):
 A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table of the
 device's GPU is read once per process; the exact key wins, else, for a key between tuned
 keys (never beyond them), a nearby tuned key whose config the table records as measured
-no slower than the heuristic at this key's tuned neighbours (`nearest`), else the
-heuristic. A table is ignored, with one warning, when it was made under the interpreter
-(on a GPU), over another search space, or for kernel source that has changed since
-(`header.source_hash`); entries whose config the current space does not admit are
-dropped with one warning. A missing table is silent. Nothing
+no slower than the heuristic at this key's tuned neighbours and whose heuristic config is
+this key's (`nearest`), else the heuristic. A table is ignored, with one warning, when
+it was made under the interpreter (on a GPU), over another search space, or for kernel
+source that has changed since (`header.source_hash`); entries whose config the current
+space does not admit are dropped with one warning. A missing table is silent. Nothing
 here ever raises into a call. The format is documented in `autotune/tables.py`, which
 writes it.
 """

@@ -307,13 +307,12 @@ class Run:
         self.session: Session | None = None
         self.coverage: Coverage | None = None
         self.dirty: dict = {}        # recipe -> tunable, with entries not yet written
-        self.saved_at = self.reported_at = -math.inf
+        self.reported_at = -math.inf
 
     def finished(self, job: Job, entry: dict | None, results: dict, counts: dict,
                  planned: int, seconds: float) -> None:
         """Record a finished key (again after a top-up: its row is replaced, its seconds
-        are the sum); rewrite its recipe's table (every entry's no_slower_at again, with
-        this key's measurements) and the report."""
+        are the sum); its recipe's table is rewritten at the next `save`."""
         t = job.tunable
         self.results.setdefault(t.name, {})[job.kstr] = results
         at = self._row_at.get(job.study)
@@ -327,15 +326,10 @@ class Run:
             return
         self.entries.setdefault(t.name, {})[job.kstr] = entry
         self.dirty[t.name] = t
-        self.save(force=False)
 
-    def save(self, *, force: bool) -> None:
+    def save(self) -> None:
         """Rewrite the tables of the recipes with new entries (every entry's no_slower_at
-        again): when forced, else at most every SAVE_EVERY_S (each write recomputes a
-        recipe's whole table; the end of a run, an interrupt or an error forces one)."""
-        now = time.monotonic()
-        if not self.dirty or (not force and now - self.saved_at < SAVE_EVERY_S):
-            return
+        again, with every key's measurements)."""
         with self.phases("write"):
             for name, t in self.dirty.items():
                 ents = self.entries[name]
@@ -345,15 +339,15 @@ class Run:
                 self.tables[name] = str(write_table(self.out_dir, self.slug, t, self.device,
                                                     list(ents.values())))
         self.dirty.clear()
-        self.saved_at = now
 
     def report(self, *, complete: bool, interrupted: bool = False, extra=None,
                force: bool = True) -> str | None:
-        """Write the tune report (with the tables first); unforced, at most every
-        SAVE_EVERY_S (returns None when it did not write)."""
+        """Write the tables with new entries, then the tune report; unforced, at most
+        every SAVE_EVERY_S (each table write recomputes a recipe's whole table; returns
+        None when it wrote nothing)."""
         if not force and time.monotonic() - self.reported_at < SAVE_EVERY_S:
             return None
-        self.save(force=True)
+        self.save()
         self.reported_at = time.monotonic()
         wall = time.monotonic() - self.opts.started
         path = self.out_dir / self.slug / REPORT
@@ -430,7 +424,7 @@ def tune(opts: Options) -> dict:
         raise
     finally:
         try:
-            run.save(force=True)       # whatever ends the run, finished keys are kept
+            run.save()                 # whatever ends the run, finished keys are kept
         finally:
             session.close()
     progress.close()

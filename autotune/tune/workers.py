@@ -50,7 +50,7 @@ def tune_workers(opts, device, slug, out_dir, jobs, phases, fresh: bool) -> dict
     finally:
         for p in procs:
             p.join()
-        run.save(force=True)
+        run.save()
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         progress.write(f"autotune: {len(bad)} worker(s) exited with an error (codes {bad}); "
