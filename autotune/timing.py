@@ -1,11 +1,8 @@
 """One timing helper for tuning and benchmarks: CUDA-graph replay medians.
 
 `time_graph(call, states)` captures a graph that runs `call(state)` once for each state
-in `states` (rotating inputs, so that data which fits in L2 is not re-read from it; with
-`rotation`'s cap of 32 sets, sets under 2 * L2 / 32 (3.75 MB on an H200) rotate through
-less than twice the L2 and can be served from it, and sets under L2 / 32 (1.9 MB: the
-B=1 cases) are, as a step's inputs are right after the kernel that wrote them), warms
-the GPU up, replays it `reps` times with CUDA events around each replay, and returns the
+in `states` (rotating inputs: `rotation` says how many sets a case gets), warms the GPU
+up, replays it `reps` times with CUDA events around each replay, and returns the
 per-call samples in microseconds. The replays are queued behind a GPU sleep so that a
 stalled host cannot show up in them (see `time_graph`).
 
@@ -66,12 +63,23 @@ def l2_bytes(device=None) -> int:
         return 50 << 20
 
 
+# Input sets of a case whose `cap` rotation sets would all fit in the L2. Such a case is
+# L2-resident, as a decode step's small inputs are right after the kernel that wrote
+# them; a cyclic pass over 32 sets near the L2's size is not: on the H200 the same
+# configs timed over 32 such sets ran up to 12% slower than over 4, and within 1.5% where
+# both timings rotate alike (docs/performance.md, How the numbers are measured).
+L2_SETS = 4
+
+
 def rotation(nbytes: int, device=None, cap: int = 32) -> int:
-    """Input sets needed so that one pass over them exceeds twice the L2, at most `cap`
-    (smaller sets than 2 * L2 / cap are then served from L2)."""
+    """Input sets for timing a case that moves `nbytes` a call, the same rule for the
+    tuner and the benchmarks: enough that one pass over them exceeds twice the L2 (then
+    it is read from DRAM), at most `cap`; but `L2_SETS` where `cap` sets would all fit
+    in the L2 (the case is timed L2-resident)."""
     if nbytes <= 0:
         return 1
-    return max(1, min(cap, -(-2 * l2_bytes(device) // nbytes)))
+    n = max(1, min(cap, -(-2 * l2_bytes(device) // nbytes)))
+    return min(n, L2_SETS) if n * nbytes <= l2_bytes(device) else n
 
 
 def _warm(device) -> None:

@@ -12,12 +12,13 @@ A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table 
 device's GPU is read once per process; the exact key wins, else, for a key between tuned
 keys (never beyond them), a nearby tuned key whose config the table records as measured
 no slower than the heuristic at this key's tuned neighbours and whose heuristic config is
-this key's (`nearest`), else the heuristic. A table is ignored, with one warning, when
-it was made under the interpreter (on a GPU), over another search space, or for kernel
-source that has changed since (`header.source_hash`); entries whose config the current
-space does not admit are dropped with one warning. A missing table is silent. Nothing
-here ever raises into a call. The format is documented in `autotune/tables.py`, which
-writes it.
+this key's (`nearest`), else the heuristic. Either way a tuned config is used only where
+the table records it at least `MIN_GAIN` faster than the heuristic at its own key. A
+table is ignored, with one warning, when it was made under the interpreter (on a GPU),
+over another search space, or for kernel source that has changed since
+(`header.source_hash`); entries whose config the current space does not admit are
+dropped with one warning. A missing table is silent. Nothing here ever raises into a
+call. The format is documented in `autotune/tables.py`, which writes it.
 """
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def load_table(path: Path) -> dict:
 
 def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
     """The usable entries of a parsed table, as (key, config, keys where the config was
-    measured no slower than the heuristic, the heuristic's config at the key or None)."""
+    measured no slower than the heuristic, the heuristic's config at the key or None, the
+    config's recorded speedup over that heuristic or None)."""
     from .tuning import get, key_str
 
     tk = (slug, recipe)
@@ -133,6 +135,8 @@ def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
     entries = [(e["key"], e["config"],
                 frozenset(key_str(k) for k in e.get("no_slower_at") or () if isinstance(k, dict)),
                 e.get("heuristic_config") if isinstance(e.get("heuristic_config"), dict)
+                else None,
+                e.get("speedup_vs_heuristic") if _numeric(e.get("speedup_vs_heuristic"))
                 else None)
                for e in data["entries"]]
     tuning = get(recipe)
@@ -227,6 +231,25 @@ def inside_tuned(entries, key: dict) -> bool:
         for f, v in key.items() if _numeric(v))
 
 
+# A tuned config replaces the heuristic's, at its own key or lent, only where the tune
+# recorded it at least this much faster there: two processes' timings of one config
+# differ by up to 1.5% (the tune's and the benchmark's on the H200), so a smaller gain
+# is not one a call can count on. The tuner applies the same bar (autotune.tune.write).
+MIN_GAIN = 0.02
+
+
+def gains_enough(entry) -> bool:
+    """Whether an entry's config may replace the heuristic (`MIN_GAIN`): it is the
+    heuristic's, or no heuristic or speedup was recorded (older tables), or its recorded
+    speedup is at least 1 + MIN_GAIN."""
+    _k, cfg, _ok, *rest = entry
+    heur = rest[0] if rest else None
+    speedup = rest[1] if len(rest) > 1 else None
+    if heur is None or speedup is None or dict(cfg) == dict(heur):
+        return True
+    return speedup >= 1.0 + MIN_GAIN - 1e-9
+
+
 def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=None):
     """The config to run at `key`: the exact entry's; else, for a key inside the tuned
     keys' span in every numeric field (`inside_tuned`), that of the nearest entry within
@@ -234,24 +257,28 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=Non
     at every other tuned key near `key` (its `no_slower_at`), where there are at least
     two, and, given `heuristic` (the heuristic's config at `key`), whose own key had that
     same heuristic config: the measurements compared the lent config with the config
-    `key` would otherwise run. Else None (the heuristic). `entries`: (key, config,
-    no_slower_at key strings[, the heuristic's config at the key])."""
+    `key` would otherwise run. Either way only a config that `gains_enough` at its own
+    key. Else None (the heuristic). `entries`: (key, config, no_slower_at key
+    strings[, the heuristic's config at the key[, the config's speedup over it]])."""
     from .tuning import key_str
 
     near = []
     for e in entries:
         d = key_distance(key, e[0], max_field)
         if d == 0:
-            return e[1]
+            return e[1] if gains_enough(e) else None
         if d < math.inf:
             near.append((d, e))
     near.sort(key=lambda de: de[0])
     if len(near) < 2 or not inside_tuned(entries, key):
         return None
     names = [key_str(e[0]) for _, e in near]
-    for _, (k, cfg, ok_at, *heur) in near:
+    for _, e in near:
+        (k, cfg, ok_at, *heur) = e
         own = key_str(k)
         if heuristic is not None and (not heur or heur[0] != dict(heuristic)):
+            continue
+        if not gains_enough(e):
             continue
         if all(n == own or n in ok_at for n in names):
             return cfg

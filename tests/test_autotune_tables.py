@@ -249,3 +249,24 @@ def test_tables_are_written_readable_by_all(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "t.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_config_needs_its_recorded_gain_to_replace_the_heuristic():
+    """A tuned config recorded less than MIN_GAIN faster than the heuristic at its own key
+    is not used there nor lent (such gains do not survive another process's timing);
+    entries without a recorded speedup (older tables) keep their config."""
+    from recipes.tables import MIN_GAIN, gains_enough
+    ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
+    r4, r8 = {"dtype": "bfloat16", "R": 4}, {"dtype": "bfloat16", "R": 8}
+    h = {"SPLIT": 32}
+    small, enough = 1.0 + MIN_GAIN / 2, 1.0 + MIN_GAIN
+    weak = [(r4, {"SPLIT": 8}, ks(r8), h, small), (r8, {"SPLIT": 16}, ks(r4), h, small)]
+    assert not gains_enough(weak[0])
+    assert nearest(weak, r4, heuristic=h) is None                 # exact, but too small
+    assert nearest(weak, {**r4, "R": 6}, heuristic=h) is None     # and never lent
+    strong = [(r4, {"SPLIT": 8}, ks(r8), h, enough), weak[1]]
+    assert nearest(strong, r4, heuristic=h) == {"SPLIT": 8}
+    assert nearest(strong, {**r4, "R": 6}, heuristic=h) == {"SPLIT": 8}
+    assert gains_enough((r4, h, ks(), h, 0.99))                   # the heuristic's own
+    assert gains_enough((r4, {"SPLIT": 8}, ks(), h, None))        # no speedup recorded
+    assert gains_enough((r4, {"SPLIT": 8}, ks()))                 # oldest format

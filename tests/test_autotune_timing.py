@@ -216,16 +216,16 @@ def test_a_warm_up_runs_one_state_per_launch_signature(monkeypatch):
     assert primed == [1, 4] and captured == [20, 20]
 
 
-def test_the_tuner_times_l2_resident_keys_over_fewer_input_sets(monkeypatch):
-    """A key whose 32 rotation sets would all fit in the L2 is timed over L2_SETS sets
-    (L2-resident either way); larger ones keep the rotation that exceeds twice the L2."""
-    from autotune.tune import measure
+def test_l2_resident_cases_are_timed_over_fewer_input_sets(monkeypatch):
+    """A case whose 32 rotation sets would all fit in the L2 is timed over L2_SETS sets
+    (L2-resident, in the tuner and the benchmarks alike); larger ones keep the rotation
+    that exceeds twice the L2."""
     monkeypatch.setattr(timing, "l2_bytes", lambda device=None: 50 << 20)
-    monkeypatch.setattr(measure, "l2_bytes", lambda device=None: 50 << 20)
-    assert measure.search_sets(1 << 20, None) == measure.L2_SETS      # 32 x 1 MB in L2
-    assert measure.search_sets(2 << 20, None) == 32                   # 64 MB: not
-    assert measure.search_sets(20 << 20, None) == 5                   # 100 MB / 20 MB
-    assert measure.search_sets(100 << 20, None) == 1
+    assert timing.rotation(1 << 20) == timing.L2_SETS                 # 32 x 1 MB in L2
+    assert timing.rotation(2 << 20) == 32                             # 64 MB: not
+    assert timing.rotation(20 << 20) == 5                             # 100 MB / 20 MB
+    assert timing.rotation(100 << 20) == 1
+    assert timing.rotation(0) == 1
 
 
 def test_a_known_behind_time_is_subtracted_without_replaying_its_graph(monkeypatch):

@@ -194,6 +194,7 @@ class _ScriptedMeasurer:
     ([9.8, 9.8, 9.8], [10.0, 10.0, 10.0], "search"),      # 2% faster in every round
     ([9.8, 10.1, 9.8], [10.0, 10.0, 10.0], "heuristic"),  # slower in one round
     ([9.97, 9.97, 9.97], [10.0, 10.0, 10.0], "heuristic"),  # 0.3%: under the floor
+    ([9.85, 9.85, 9.85], [10.0, 10.0, 10.0], "heuristic"),  # 1.5%: under MIN_GAIN
     ([9.7, 9.7, 9.7], [9.8, 10.2, 10.0], "heuristic"),    # 3% gain, 4% heuristic spread
     ([9.0, 9.0, 9.0], [9.8, 10.2, 10.0], "search"),       # 10% gain beats the spread
 ])
@@ -717,3 +718,37 @@ def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
     text = "\n".join(tune_report_text(tmp_path, "g"))
     assert "(2 keys not measured in full, 2 at half or more)" in text
     assert "a config: cached 1.25 ms check + 11.50 ms timing (7)" in text
+
+
+def test_quality_retimes_the_optimum_and_the_picks(fake):
+    """`retime` times the optimum and each seed's pick again together; the verdict then
+    rests on the re-timed ratio, not on the single measurements' lucky optimum."""
+    from autotune.quality import render_report, retime
+
+    opt, pick = {"BLOCK": 256, "W": 2, "S": 1}, {"BLOCK": 64, "W": 2, "S": 1}
+    row = {**_quality_row(False), "optimum_config": opt, "optimum_us": 1.0}
+    row["replays"] = [{**row["replays"][0], "best_at_budget_config": pick,
+                       "ratio_at_budget": 1.05}]
+
+    class M:
+        final_reps, cuda, timed = 3, False, []
+
+        def pace(self, us):
+            pass
+
+        def time(self, cfg, reps, phase):
+            self.timed.append((config_id(cfg), phase))
+            return Timing([1.0 if cfg == opt else 1.02] * reps)
+
+    m = M()
+    retime(None, row, m, rounds=2)
+    assert len(m.timed) == 4 and {p for _, p in m.timed} == {"final"}
+    assert row["replays"][0]["retimed_ratio"] == pytest.approx(1.02)
+    doc = render_report([row] * 12, [], torch.device("cpu"), "cpu-interpreter", Options(),
+                        1, 0.03, 0.5, 1.0)
+    assert doc["json"]["verdict"] == "MET" and doc["json"]["passed_single_measurements"] == 0
+    assert "| 1.050 | 1.020 |" in doc["markdown"]
+    same = {**row, "replays": [{**row["replays"][0], "best_at_budget_config": opt}]}
+    m.timed.clear()
+    retime(None, same, m, rounds=2)                  # the pick is the optimum: no timing
+    assert m.timed == [] and same["replays"][0]["retimed_ratio"] == 1.0

@@ -38,7 +38,8 @@ does not release it. "ours back to back" is the same calls with nothing in betwe
 where each of our launches overlaps the call before it (PDL on sm_90+). A graph holds up
 to 20 calls, more when there are more input sets, over up to 32 rotating input sets: a
 case whose sets together exceed twice the L2 is read from DRAM, smaller ones can be
-served from L2, and those under L2 / 32 a set, the B=1 cases, are. "torch eager" is
+served from L2, and one whose 32 sets would all fit in the L2 (the small-batch cases)
+rotates over 4 and is L2-resident, as the tuner times it. "torch eager" is
 plain back-to-back calls timed with CUDA events (launch gaps included). "ours" is timed
 twice (first and last); the table shows the lower median and the difference between the
 two as noise. "x vs P" is P's time over ours (above 1: ours is faster). "copy-BW" is the

@@ -1,10 +1,9 @@
 """Measuring one config at one key: the key's inputs and references (made once per key),
 the bit-for-bit check against the reference, and the timing.
 
-A key's inputs are `rotation` sets (enough that one pass over them exceeds twice the L2,
-so data that fits in L2 is not re-read from it, up to 32; but `L2_SETS` where even 32
-fit in the L2: those are L2-resident however many rotate, and each set costs the timing
-a call to capture), made once: the first and the last by the recipe's input maker (two
+A key's inputs are `rotation` sets (the benchmarks' rule: enough that one pass over them
+exceeds twice the L2, up to 32; 4 where 32 would fit in the L2, which times the key
+L2-resident), made once: the first and the last by the recipe's input maker (two
 seeds), the others copies of the first (what the rotation needs is other addresses, not
 other values, and some makers take a good part of a second a set on the host). The
 first and the last are kept pristine with their references. A check runs the config on
@@ -36,7 +35,6 @@ import torch
 from ..registry import Tunable
 from ..timing import (
     Timing,
-    l2_bytes,
     plain_op,
     rotation,
     time_eager,
@@ -47,7 +45,6 @@ from .phases import NoPhases, Phases
 from .search import Outcome
 
 REPLAY_US = 200.0          # a replay of a short kernel's graph lasts about this long
-L2_SETS = 4                # input sets of a key whose 32 sets would all fit in L2
 MAX_CALLS = 20             # ... with at most this many calls beyond the rotation sets
 IDLE_WARM_S = 0.5          # warm the GPU up again after it idled this long
 _LAST_GPU = {"t": -math.inf}   # when the last timing ended (any key's)
@@ -87,12 +84,6 @@ def tensors(obj):
             yield from tensors(x)
 
 
-def search_sets(nbytes: int, device) -> int:
-    """Input sets for timing a key that moves `nbytes` a call (see the module docstring)."""
-    n = rotation(nbytes, device)
-    return min(n, L2_SETS) if n * nbytes <= l2_bytes(device) else n
-
-
 def poison_allocator(ref) -> None:
     """Fill blocks of the outputs' sizes with 0xA5 bytes and free them, so that outputs a
     config fails to write are likely garbage rather than an earlier config's answer (the
@@ -122,7 +113,7 @@ class Measurer:
         self.phases = phases or NoPhases()
         self.cuda = device.type == "cuda"
         self.search_reps, self.final_reps = search_reps, final_reps
-        n = search_sets(t.bytes_moved(key), device) if self.cuda else 1
+        n = rotation(t.bytes_moved(key), device) if self.cuda else 1
         base = seed * 1000
         made = {0: first if first is not None else t.make_inputs(key, device, base)}
         if n > 1:

@@ -11,10 +11,11 @@ import time
 import torch
 
 from ..tables import previous_configs, table_path
+from ..timing import rotation
 from .budget import RESERVE_S, CostModel, Coverage, OrderBins, gpu_seconds
 from .compile import ConfigCosts, LoadWatch, probe, start_pool
 from .device import device_name, select_device
-from .measure import Measurer, search_sets, tensors
+from .measure import Measurer, tensors
 from .options import Options, resolve, results_dir
 from .phases import PHASES, Phases
 from .plan import Job, job_seed, plan, reorder, select_tunables
@@ -162,7 +163,7 @@ class Session:
         if not self.cuda:
             return 0.0
         nbytes = job.tunable.bytes_moved(job.key)
-        return gpu_seconds(nbytes, search_sets(nbytes, self.device), self.opts.search_reps)
+        return gpu_seconds(nbytes, rotation(nbytes, self.device), self.opts.search_reps)
 
     def plan_coverage(self, cov: Coverage, jobs: list[Job], finished=frozenset()) -> float:
         """The coverage for `jobs`, the keys still to measure first; those in `finished`

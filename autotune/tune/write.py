@@ -9,14 +9,17 @@ the table being rewritten holds for the key are re-checked and re-timed together
 `ROUNDS` interleaved rounds (drift hits them alike). The best beats the heuristic when it
 is faster in every round and its gain on the median of all rounds is larger than the
 noise, the largest spread of the round medians of either config (at least
-`NOISE_FLOOR`). So a tune never leaves a key slower than its heuristic, and a re-tune
-never leaves it slower than the table it rewrites, beyond that noise.
+`NOISE_FLOOR`), and at least dispatch's `MIN_GAIN` (2%: smaller gains do not survive
+another process's timing). So a tune never leaves a key slower than its heuristic, and
+a re-tune never leaves it slower than the table it rewrites, beyond that noise.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import statistics
 from pathlib import Path
+
+from recipes.tables import MIN_GAIN
 
 from ..registry import key_str
 from ..tables import FORMAT, table_path, update_table, write_json_atomic
@@ -92,7 +95,7 @@ def finalize(job: Job, m: Measurer, results: dict, *, top: int, planned: int,
         noise = max(NOISE_FLOOR, *(_spread(med[c], stats[c].p50) for c in (b, hid)))
         gain = (stats[hid].p50 - stats[b].p50) / stats[hid].p50
         wins = all(x < y for x, y in zip(med[b], med[hid], strict=True))
-        if not (wins and gain > noise):
+        if not (wins and gain > noise and gain >= MIN_GAIN - 1e-9):
             chosen, src = job.heuristic, "heuristic"
     cid = config_id(chosen)
     tm = stats[cid]
