@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.tables import results_root
+from recipes.tables import MIN_GAIN, gains_enough, results_root
 
 from .registry import key_str
 from .tables import FORMAT, read_table
@@ -56,7 +56,17 @@ def _rows(data: dict):
                _f(e.get("torch_p50_us")), _f(e.get("speedup_vs_torch"), 2),
                f"{tr.get('evaluated', '?')}/{e.get('grid', '?')}"
                + (f" WRONG:{tr['wrong']}" if tr.get("wrong") else ""),
-               _CHOSEN.get(e.get("chosen_from"), e.get("chosen_from") or "")]
+               _entry_note(e)]
+
+
+def _entry_note(e: dict) -> str:
+    """Where the config came from, and whether dispatch runs it (`gains_enough`)."""
+    note = _CHOSEN.get(e.get("chosen_from"), e.get("chosen_from") or "")
+    heur = e.get("heuristic_config") if isinstance(e.get("heuristic_config"), dict) else None
+    entry = (e["key"], e["config"], (), heur, e.get("speedup_vs_heuristic"))
+    if not gains_enough(entry):
+        note += f" (gain < {MIN_GAIN:.0%}: dispatch runs the heuristic)"
+    return note
 
 
 _CHOSEN = {"search": "search", "heuristic": "heuristic kept",

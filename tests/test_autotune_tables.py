@@ -270,3 +270,14 @@ def test_a_config_needs_its_recorded_gain_to_replace_the_heuristic():
     assert gains_enough((r4, h, ks(), h, 0.99))                   # the heuristic's own
     assert gains_enough((r4, {"SPLIT": 8}, ks(), h, None))        # no speedup recorded
     assert gains_enough((r4, {"SPLIT": 8}, ks()))                 # oldest format
+
+
+def test_show_says_where_dispatch_runs_the_heuristic_instead():
+    """An entry whose recorded gain is under MIN_GAIN is marked in `show`'s entry column."""
+    from autotune.views import _entry_note
+    h, c = {"BLOCK": 64}, {"BLOCK": 128}
+    weak = {"key": {"N": 1}, "config": c, "heuristic_config": h, "chosen_from": "search",
+            "speedup_vs_heuristic": 1.005}
+    assert _entry_note(weak) == "search (gain < 2%: dispatch runs the heuristic)"
+    assert _entry_note({**weak, "speedup_vs_heuristic": 1.05}) == "search"
+    assert _entry_note({**weak, "config": h, "chosen_from": "heuristic"}) == "heuristic kept"
