@@ -126,7 +126,7 @@ def replay(job: Job, results: dict, *, seed: int, frac: float, within: float) ->
             "budget": budget, "best_at_budget_config": dict(pick)}
 
 
-def retime(j: Job, row: dict, m, rounds: int) -> None:
+def retime(row: dict, m, rounds: int) -> None:
     """Time the exhaustive optimum and each replay's pick at the budget again, together,
     in `rounds` interleaved rounds of `m.final_reps` replays (as `tune`'s final re-timing
     compares its candidates), and add each replay's "retimed_ratio" (pick / optimum, on
@@ -301,7 +301,7 @@ def _retime_row(j: Job, row: dict, opts: Options, device, phases, progress) -> N
     try:
         m = Measurer(j.tunable, j.key, device, seed=opts.seed, search_reps=opts.search_reps,
                      final_reps=opts.final_reps, phases=phases)
-        retime(j, row, m, ROUNDS["cuda" if m.cuda else "cpu"])
+        retime(row, m, ROUNDS["cuda" if m.cuda else "cpu"])
     except Exception as exc:  # noqa: BLE001 - the row keeps its single measurements
         row["retime_error"] = error_text(exc)
         progress.write(f"autotune quality: {j.label}: re-timing failed ({row['retime_error']})")

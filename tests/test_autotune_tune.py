@@ -741,7 +741,7 @@ def test_quality_retimes_the_optimum_and_the_picks(fake):
             return Timing([1.0 if cfg == opt else 1.02] * reps)
 
     m = M()
-    retime(None, row, m, rounds=2)
+    retime(row, m, rounds=2)
     assert len(m.timed) == 4 and {p for _, p in m.timed} == {"final"}
     assert row["replays"][0]["retimed_ratio"] == pytest.approx(1.02)
     doc = render_report([row] * 12, [], torch.device("cpu"), "cpu-interpreter", Options(),
@@ -750,5 +750,5 @@ def test_quality_retimes_the_optimum_and_the_picks(fake):
     assert "| 1.050 | 1.020 |" in doc["markdown"]
     same = {**row, "replays": [{**row["replays"][0], "best_at_budget_config": opt}]}
     m.timed.clear()
-    retime(None, same, m, rounds=2)                  # the pick is the optimum: no timing
+    retime(same, m, rounds=2)                        # the pick is the optimum: no timing
     assert m.timed == [] and same["replays"][0]["retimed_ratio"] == 1.0
