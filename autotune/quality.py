@@ -126,18 +126,20 @@ def replay(job: Job, results: dict, *, seed: int, frac: float, within: float) ->
             "budget": budget, "best_at_budget_config": dict(pick)}
 
 
-def retime(row: dict, m, rounds: int) -> None:
+def retime(row: dict, measurer, rounds: int) -> None:
     """Time the exhaustive optimum and each replay's pick at the budget again, together,
-    in `rounds` interleaved rounds of `m.final_reps` replays (as `tune`'s final re-timing
+    in `rounds` interleaved rounds of `final_reps` replays (as `tune`'s final re-timing
     compares its candidates), and add each replay's "retimed_ratio" (pick / optimum, on
     the medians of all rounds) and the row's "retimed_us". A single measurement of each
     config ranks configs within its noise by luck: the optimum is the luckiest of the
-    grid. `m`: a Measurer of the key."""
+    grid. `measurer()`: a Measurer of the key, made only when a pick differs from the
+    optimum."""
     cfgs = {config_id(row["optimum_config"]): row["optimum_config"]}
     for r in row["replays"]:
         cfgs.setdefault(config_id(r["best_at_budget_config"]), r["best_at_budget_config"])
     samples: dict = {cid: [] for cid in cfgs}
     if len(cfgs) > 1:
+        m = measurer()
         m.pace(row["optimum_us"])
         for _ in range(rounds):
             for cid, c in cfgs.items():
@@ -299,9 +301,9 @@ def _retime_row(j: Job, row: dict, opts: Options, device, phases, progress) -> N
     """`retime` the row's configs on a fresh Measurer of the key; a failure is noted in
     the row ("retime_error"), whose verdict then rests on the single measurements."""
     try:
-        m = Measurer(j.tunable, j.key, device, seed=opts.seed, search_reps=opts.search_reps,
-                     final_reps=opts.final_reps, phases=phases)
-        retime(row, m, ROUNDS["cuda" if m.cuda else "cpu"])
+        retime(row, lambda: Measurer(j.tunable, j.key, device, seed=opts.seed,
+                                     final_reps=opts.final_reps, phases=phases),
+               ROUNDS["cuda" if device.type == "cuda" else "cpu"])
     except Exception as exc:  # noqa: BLE001 - the row keeps its single measurements
         row["retime_error"] = error_text(exc)
         progress.write(f"autotune quality: {j.label}: re-timing failed ({row['retime_error']})")
@@ -392,10 +394,10 @@ def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, ela
         retimed = [x["retimed_ratio"] for x in reps if "retimed_ratio" in x]
         rt = _med(retimed) if retimed and len(retimed) == len(reps) else None
         # the verdict compares re-timed configs where they were; else single measurements
-        ok = rt <= 1.0 + within + 1e-9 if rt is not None else \
-            med is not None and med <= r["budget"]
+        single_ok = med is not None and med <= r["budget"]
+        ok = rt <= 1.0 + within + 1e-9 if rt is not None else single_ok
         passed += ok
-        single += med is not None and med <= r["budget"]
+        single += single_ok
         pct_grid = (med / r["grid"] * 100) if med not in (None, math.inf) else math.inf
         h = r["heuristic"]
         lines.append(

@@ -78,8 +78,9 @@ def rotation(nbytes: int, device=None, cap: int = 32) -> int:
     in the L2 (the case is timed L2-resident)."""
     if nbytes <= 0:
         return 1
-    n = max(1, min(cap, -(-2 * l2_bytes(device) // nbytes)))
-    return min(n, L2_SETS) if n * nbytes <= l2_bytes(device) else n
+    l2 = l2_bytes(device)
+    n = max(1, min(cap, -(-2 * l2 // nbytes)))
+    return min(n, L2_SETS) if n * nbytes <= l2 else n
 
 
 def _warm(device) -> None:

@@ -4,14 +4,14 @@ writes: the tables (`autotune.tables.update_table`) and `tune-report.json`.
 
 An entry's config is the heuristic's unless the best config the search measured beats it
 beyond the noise of the same run (a heuristic the constraint rejects gets no entry: the
-key keeps it through dispatch's fallback): the best `top` configs, the heuristic's and the config
-the table being rewritten holds for the key are re-checked and re-timed together, in
-`ROUNDS` interleaved rounds (drift hits them alike). The best beats the heuristic when it
-is faster in every round and its gain on the median of all rounds is larger than the
-noise, the largest spread of the round medians of either config (at least
-`NOISE_FLOOR`), and at least dispatch's `MIN_GAIN` (2%: smaller gains do not survive
-another process's timing). So a tune never leaves a key slower than its heuristic, and
-a re-tune never leaves it slower than the table it rewrites, beyond that noise.
+key keeps it through dispatch's fallback): the best `top` configs, the heuristic's and
+the config the table being rewritten holds for the key are re-checked and re-timed
+together, in `ROUNDS` interleaved rounds (drift hits them alike). The best beats the
+heuristic when it is faster in every round and its gain on the median of all rounds is
+larger than the noise, the largest spread of the round medians of either config, and at
+least dispatch's `MIN_GAIN` (2%: smaller gains do not survive another process's timing).
+So a tune never leaves a key slower than its heuristic, and a re-tune never leaves it
+slower than the table it rewrites, beyond that noise.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from .plan import Job
 from .search import best_ok, config_id, space_config
 
 ROUNDS = {"cuda": 3, "cpu": 1}
-NOISE_FLOOR = 0.005      # a gain under 0.5% is never taken as one
 NO_SLOWER_TOL = 0.01     # measured within 1% of the heuristic counts as no slower
 REPORT = "tune-report.json"
 REPORT_FORMAT = "spec-cookbook/tune-report/1"
@@ -92,7 +91,7 @@ def finalize(job: Job, m: Measurer, results: dict, *, top: int, planned: int,
     chosen, src, noise = best_c, best_src, None
     if hid in stats and config_id(best_c) != hid:
         b = config_id(best_c)
-        noise = max(NOISE_FLOOR, *(_spread(med[c], stats[c].p50) for c in (b, hid)))
+        noise = max(_spread(med[c], stats[c].p50) for c in (b, hid))
         gain = (stats[hid].p50 - stats[b].p50) / stats[hid].p50
         wins = all(x < y for x, y in zip(med[b], med[hid], strict=True))
         if not (wins and gain > noise and gain >= MIN_GAIN - 1e-9):
