@@ -26,6 +26,7 @@ class BenchVariant:
     fn: Callable[[Any], Any]      # state -> None; called inside a graph unless eager
     eager: bool = False           # time plain calls (events), not graph replays
     peer: bool = False            # an alternative we compare against (torch)
+    back_to_back: bool = False    # graph calls back to back, not behind the plain kernel
 
 
 @dataclass

@@ -171,11 +171,18 @@ def draft_all(inp):
     return ok_e + ok_t, met_e and met_t, f"draft_extend: {det_e}. draft_topk1: {det_t}"
 
 
+PDL_B2B = "ours, PDL on (back to back)"
+
+
 def greedy_b1(inp):
+    """Behind a plain kernel as everywhere; back to back, the better of the default
+    launch and the PDL launch (`pdl_on`, the setting for calls that follow ours)."""
     c = inp.need("chain_verify", dtype="bfloat16", B=1, K=3, V=151936)[0]
-    b2b = back_to_back_time(c)
-    met = ours_time(c) <= 2.5 and b2b is not None and b2b <= 2.0
-    return ours_time(c), met, _b2b(c) + " (target <= 2.0 us)"
+    b2b = [t for t in (back_to_back_time(c), p50(c, PDL_B2B)) if t is not None]
+    met = ours_time(c) <= 2.5 and bool(b2b) and min(b2b) <= 2.0
+    pdl = p50(c, PDL_B2B)
+    return ours_time(c), met, (_b2b(c) + (f", with PDL {pdl:.2f} us" if pdl else "")
+                               + " (target <= 2.0 us)")
 
 
 def sampled_b1(inp):

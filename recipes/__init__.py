@@ -10,7 +10,7 @@ from . import (
            ops,  # noqa: F401,E402  (registers torch.ops.spec_cookbook.*, the custom ops)
            tp,  # noqa: E402  (recipes.tp: vocabulary-parallel argmax and chain_verify)
 )
-from ._common import pdl_off  # noqa: E402
+from ._common import pdl_off, pdl_on  # noqa: E402
 from .argmax import argmax  # noqa: E402
 from .chain_verify import VerifyResult, chain_verify  # noqa: E402
 from .copy_inputs import copy_inputs  # noqa: E402
@@ -20,4 +20,4 @@ from .verify_metadata import VerifyMetadata, verify_metadata  # noqa: E402
 
 __all__ = ["__version__", "argmax", "chain_verify", "VerifyResult", "copy_inputs",
            "draft_tail", "DraftTail", "relay_gather", "relay_scatter", "verify_metadata",
-           "VerifyMetadata", "pdl_off", "tp"]
+           "VerifyMetadata", "pdl_off", "pdl_on", "tp"]

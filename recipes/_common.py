@@ -211,23 +211,37 @@ def sm_count(device: torch.device) -> int:
 
 
 PDL_ENV = "SPEC_COOKBOOK_PDL"
+_PDL_ON, _PDL_OFF = ("1", "on", "true"), ("0", "off", "false", "")
 _PDL: dict = {}
 
 
 PDL_EARLY, PDL_LATE = 1, 2   # a kernel's PDL constexpr: when it lets the next launch in
 
 
+def pdl_enabled() -> bool:
+    """Whether launches may use PDL: only when SPEC_COOKBOOK_PDL=1 (`pdl_on`). Off by
+    default: an engine calls these recipes right after a GEMM or a torch op, which is
+    not a PDL launch, and behind such a kernel a PDL launch is slower, not faster
+    (docs/performance.md, "Programmatic dependent launch")."""
+    v = os.environ.get(PDL_ENV)
+    if v is None or v.strip().lower() in _PDL_OFF:
+        return False
+    if v.strip().lower() in _PDL_ON:
+        return True
+    raise ValueError(f"{PDL_ENV}: expected 1 (launch with PDL) or 0 (without), got {v!r}")
+
+
 def pdl(device: torch.device, programs: int | None = None) -> int:
     """How a launch of `programs` programs on `device` uses programmatic dependent launch
-    (PDL): 0 not at all (CUDA devices before compute capability 9.0, the interpreter,
-    or the environment setting SPEC_COOKBOOK_PDL=0); else `PDL_EARLY` for grids of at
-    most one program a multiprocessor (the kernel lets the next PDL launch begin as soon
-    as it starts) and `PDL_LATE` for larger ones (only once each program is past its
-    main loop, `pdl_release`, so that the next kernel's programs do not sit beside the
-    scan). `programs=None` is for kernels with no main loop to release after
-    (copy_inputs, relay, verify_metadata: their programs move a few tiles each):
-    `PDL_EARLY` whatever the grid. The value is the kernel's PDL constexpr; the launch
-    takes `launch_pdl=value > 0`. The measurements behind these rules are in
+    (PDL): 0 not at all (the default, see `pdl_enabled`; CUDA devices before compute
+    capability 9.0; the interpreter); else `PDL_EARLY` for grids of at most one program
+    a multiprocessor (the kernel lets the next PDL launch begin as soon as it starts)
+    and `PDL_LATE` for larger ones (only once each program is past its main loop,
+    `pdl_release`, so that the next kernel's programs do not sit beside the scan).
+    `programs=None` is for kernels with no main loop to release after (copy_inputs,
+    relay, verify_metadata: their programs move a few tiles each): `PDL_EARLY` whatever
+    the grid. The value is the kernel's PDL constexpr; the launch takes
+    `launch_pdl=value > 0`. The measurements behind these rules are in
     docs/performance.md, section "Programmatic dependent launch".
 
     A PDL launch may start while the kernel before it on the stream is still running
@@ -235,9 +249,7 @@ def pdl(device: torch.device, programs: int | None = None) -> int:
     launches this way begins with `pdl_enter`, so it reads and writes nothing before
     that kernel has finished and its writes are visible: what PDL saves is the launch
     latency, not any ordering."""
-    if device.type != "cuda" or _INTERPRET_AT_IMPORT:
-        return 0
-    if os.environ.get(PDL_ENV, "1") in ("0", "", "off", "false"):
+    if device.type != "cuda" or _INTERPRET_AT_IMPORT or not pdl_enabled():
         return 0
     idx = device.index if device.index is not None else torch.cuda.current_device()
     ok = _PDL.get(idx)
@@ -249,10 +261,9 @@ def pdl(device: torch.device, programs: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def pdl_off():
-    """Launches inside the block (and graphs captured there) without PDL."""
+def _pdl_setting(value: str):
     old = os.environ.get(PDL_ENV)
-    os.environ[PDL_ENV] = "0"
+    os.environ[PDL_ENV] = value
     try:
         yield
     finally:
@@ -260,6 +271,17 @@ def pdl_off():
             os.environ.pop(PDL_ENV, None)
         else:
             os.environ[PDL_ENV] = old
+
+
+def pdl_on():
+    """Launches inside the block (and graphs captured there) with PDL on sm_90+: worth it
+    where recipes run back to back, each behind another PDL launch."""
+    return _pdl_setting("1")
+
+
+def pdl_off():
+    """Launches inside the block (and graphs captured there) without PDL."""
+    return _pdl_setting("0")
 
 
 @triton.jit
@@ -363,12 +385,14 @@ def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict
 
 
 def resolve_config(recipe: str, config, key: dict, heuristic, space: dict,
-                   device: torch.device) -> dict:
+                   device: torch.device, tables: bool = True) -> dict:
     """The config a call runs: `config=None` -> the tuned table / heuristic
-    (`pick_config`); an explicit dict -> checked against the space's keys and laid over
-    the heuristic's config (so a partial dict is enough)."""
+    (`pick_config`), or the heuristic alone with `tables=False` (a kernel the recipe's
+    table was not measured on); an explicit dict -> checked against the space's keys
+    and laid over the heuristic's config (so a partial dict is enough)."""
     if config is None:
-        return pick_config(recipe, key, heuristic, device)
+        return pick_config(recipe, key, heuristic, device) if tables \
+            else heuristic(key, device)
     check_config(recipe, config, space)
     return {**heuristic(key, device), **config}
 

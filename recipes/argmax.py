@@ -101,9 +101,9 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
 
 
 def resolve_config(config: dict | None, dtype: torch.dtype, V: int, R: int,
-                   device: torch.device) -> dict:
+                   device: torch.device, tables: bool = True) -> dict:
     key = tune_key(dtype, V, R)
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,

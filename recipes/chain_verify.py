@@ -398,8 +398,9 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
-def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
+def resolve_config(config: dict | None, key: dict, device: torch.device,
+                   tables: bool = True) -> dict:
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
 
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,

@@ -9,16 +9,16 @@ Where tables are found, first match wins (`search_roots`):
      installed wheel, `results/` of a source checkout.
 
 A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table of the
-device's GPU is read once per process; the exact key wins, else, for a key between tuned
-keys (never beyond them), a nearby tuned key whose config the table records as measured
-no slower than the heuristic at this key's tuned neighbours and whose heuristic config is
-this key's (`nearest`), else the heuristic. Either way a tuned config is used only where
-the table records it at least `MIN_GAIN` faster than the heuristic at its own key. A
-table is ignored, with one warning, when it was made under the interpreter (on a GPU),
-over another search space, or for kernel source that has changed since
-(`header.source_hash`); entries whose config the current space does not admit are
-dropped with one warning. A missing table is silent. Nothing here ever raises into a
-call. The format is documented in `autotune/tables.py`, which writes it.
+device's GPU is read once per process; the exact key wins, else, for a key between
+nearby tuned keys in every field (never beyond them), a nearby tuned key whose config
+the table records as measured no slower than the heuristic at this key's tuned
+neighbours and whose heuristic config is this key's (`nearest`), else the heuristic.
+Either way a tuned config is used only where the table records it at least `MIN_GAIN`
+faster than the heuristic at its own key. A table is ignored, with one warning, when
+it was made under the interpreter (on a GPU), over another search space, or for kernel
+source that has changed since (`header.source_hash`); entries whose config the current
+space does not admit are dropped with one warning. A missing table is silent. Nothing
+here ever raises into a call. The format is documented in `autotune/tables.py`, which writes it.
 """
 from __future__ import annotations
 
@@ -220,10 +220,12 @@ def key_distance(a: dict, b: dict, max_field: float = math.inf) -> float:
 
 def inside_tuned(entries, key: dict) -> bool:
     """Whether every numeric field of `key` lies within the values that the tuned keys
-    of its kind (same fields, same categorical values) span in that field. A key between
-    tuned keys interpolates; one beyond them all extrapolates (K = 1 or 4 where only
-    K = 3 was tuned), and there borrowed configs were measured slower than the
-    heuristic (docs/performance.md, Dispatch)."""
+    of `entries` of its kind (same fields, same categorical values) span in that field.
+    A key between tuned keys interpolates; one beyond them extrapolates (K = 1 or 4 where
+    only K = 3 was tuned), and there borrowed configs were measured slower than the
+    heuristic; so was one lent from near keys on one side only (V = 129280 from
+    V = 151936, the next tuned vocabulary below being 32000): `nearest` asks this of the
+    near keys (docs/performance.md, Dispatch)."""
     kin = [k for k, *_ in entries if set(k) == set(key)
            and all(_numeric(v) or k[f] == v for f, v in key.items())]
     return bool(kin) and all(
@@ -251,9 +253,10 @@ def gains_enough(entry) -> bool:
 
 
 def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=None):
-    """The config to run at `key`: the exact entry's; else, for a key inside the tuned
-    keys' span in every numeric field (`inside_tuned`), that of the nearest entry within
-    `max_field` (`key_distance`) whose config was measured no slower than the heuristic
+    """The config to run at `key`: the exact entry's; else, for a key inside the span of
+    the tuned keys within `max_field` of it (`key_distance`) in every numeric field
+    (`inside_tuned` over those near keys: tuned keys on both sides, near), that of the
+    nearest such entry whose config was measured no slower than the heuristic
     at every other tuned key near `key` (its `no_slower_at`), where there are at least
     two, and, given `heuristic` (the heuristic's config at `key`), whose own key had that
     same heuristic config: the measurements compared the lent config with the config
@@ -270,7 +273,7 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=Non
         if d < math.inf:
             near.append((d, e))
     near.sort(key=lambda de: de[0])
-    if len(near) < 2 or not inside_tuned(entries, key):
+    if len(near) < 2 or not inside_tuned([e for _, e in near], key):
         return None
     names = [key_str(e[0]) for _, e in near]
     for _, e in near:

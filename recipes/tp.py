@@ -49,8 +49,12 @@ whole vocabulary (vocab_start 0, V columns) and the call is recipes.argmax /
 recipes.chain_verify itself (one fused launch, no collective).
 
 Configuration: the scan is argmax's (tp.argmax) or chain_verify's (tp.chain_verify):
-the same config keys, search space, tuned tables and heuristic, looked up at the rank's
-live width (min(Vl, V - s)) instead of V. Outputs never depend on the config.
+the same config keys, search space and heuristic, at the rank's live width
+(min(Vl, V - s)) instead of V. `config=None` runs the heuristic: the tuned tables were
+measured on the single-GPU kernels, whose finish the keys kernel does not run, and a
+config they lent measured slower here (docs/performance.md, Dispatch). With one rank
+the call is the single-GPU recipe and uses its table. Outputs never depend on the
+config.
 
 Stream order and capture: the three steps run on the current stream (NCCL orders its
 own stream after it and it after the collective), nothing syncs the host, and with every
@@ -337,10 +341,10 @@ def local_keys(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int,
     if R == 0:
         return out
     if local_logits.dim() == 2 and sampling is None:
-        cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device)
+        cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, False)
     else:
         key = CV.tune_key(local_logits.dtype, n_live, B, K1 - 1, sampling is not None)
-        cfg = CV.resolve_config(config, key, device)
+        cfg = CV.resolve_config(config, key, device, False)
     _launch_keys(local_logits, out, cfg, vs, n_live, B, K1, stride_b, stride_j, sampling)
     return out
 
@@ -395,7 +399,7 @@ def argmax(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int, gro
         return AM.argmax(local_logits, out=out, config=config)
     if R == 0:
         return out
-    cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device)
+    cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, False)
     _launch_keys(local_logits, out, cfg, vs, n_live, R, 1, local_logits.stride(0), 0, None)
     dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
     _launch_unpack(out, out)
@@ -424,7 +428,7 @@ def chain_verify(local_logits: torch.Tensor, draft_tokens: torch.Tensor, *,
     if B == 0:
         return out
     key = CV.tune_key(local_logits.dtype, n_live, B, K, sampling is not None)
-    cfg = CV.resolve_config(config, key, device)
+    cfg = CV.resolve_config(config, key, device, False)
     R = B * (K + 1)
     keys = C.KEYS.get(device, R, 1)[0][:R]
     _launch_keys(local_logits, keys, cfg, vs, n_live, B, K + 1, stride_b, stride_j, sampling)

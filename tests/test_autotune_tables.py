@@ -121,6 +121,22 @@ def test_nearest_interpolates_never_extrapolates():
     assert nearest(entries, {**r4, "R": 6, "K": 4}) is None
 
 
+def test_a_config_is_lent_only_between_near_tuned_keys():
+    """The span that makes a key "between tuned keys" is that of the keys near it: V =
+    129280 lies between the tuned 32000 and 151936, but 32000 is too far to count, so
+    with near keys on one side only (151936 at B = 1 and 2) nothing is lent, even a
+    config that held up at both of them; V = 200000 between 151936 and 262144, both
+    near, borrows."""
+    ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
+    k = lambda V, B: {"dtype": "bfloat16", "V": V, "B": B}     # noqa: E731
+    keys = [k(V, B) for V in (32000, 151936, 262144) for B in (1, 2)]
+    entries = [(key, f"{key['V']}/{key['B']}", ks(*[o for o in keys if o != key]))
+               for key in keys]
+    assert inside_tuned(entries, k(129280, 1))                 # within all tuned keys
+    assert nearest(entries, k(129280, 1)) is None              # not within the near ones
+    assert nearest(entries, k(200000, 1)) in ("151936/1", "262144/1")
+
+
 def test_a_config_is_lent_only_where_the_heuristic_is_the_lenders():
     """The measurements behind a lent config compared it with the heuristic's config at
     the lender's key; where the heuristic picks another config, they say nothing about

@@ -502,12 +502,13 @@ def test_cuda_graph_capture(device):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_dependent_launches_in_a_graph(device):
+@pytest.mark.parametrize("pdl", ["on", "off"])
+def test_dependent_launches_in_a_graph(device, pdl):
     """Back-to-back calls where each reads what the one before wrote (its rows are the
     previous call's tokens, its positions the previous call's increments), captured in a
     graph with a torch kernel in the chain: with programmatic dependent launch on
-    (sm_90+), a call that started early must still see every write of the call before,
-    whether the call before released it early (small grids) or late."""
+    (`pdl_on`, sm_90+), a call that started early must still see every write of the
+    call before, whether the call before released it early (small grids) or late."""
     R, V, H, B, n = 16, 32000, 4096, 4, 6
     x = hard_logits(R, V, torch.bfloat16, device, seed=12)
     h = hard_hidden(R, H, torch.bfloat16, device)
@@ -537,12 +538,13 @@ def test_dependent_launches_in_a_graph(device):
 
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            chain()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            chain()
+        with recipes.pdl_on() if pdl == "on" else recipes.pdl_off():
+            with torch.cuda.stream(s):
+                chain()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                chain()
         for o in outs:
             o.tokens.fill_(POISON_TOKEN)
             o.hidden.fill_(0)
@@ -578,24 +580,33 @@ def test_over_2_pow_31_elements(device):
 
 
 def test_pdl_switch(device, monkeypatch):
-    """PDL is on exactly for CUDA devices of compute capability 9+ outside the
-    interpreter: released early for grids of at most a program an SM, late for larger
-    ones; SPEC_COOKBOOK_PDL=0 / `pdl_off` turn it off (restoring the environment after
-    the block)."""
+    """PDL is off by default; SPEC_COOKBOOK_PDL=1 / `pdl_on` turn it on exactly for CUDA
+    devices of compute capability 9+ outside the interpreter: released early for grids
+    of at most a program an SM, late for larger ones; SPEC_COOKBOOK_PDL=0 / `pdl_off`
+    turn it off; the blocks restore the environment; any other value is an error that
+    names the variable."""
     monkeypatch.delenv(C.PDL_ENV, raising=False)
-    on = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
-          and torch.cuda.get_device_capability(device)[0] >= 9)
-    early, late = (C.PDL_EARLY, C.PDL_LATE) if on else (0, 0)
-    assert C.pdl(device) == early
+    capable = (device.type == "cuda" and not C._INTERPRET_AT_IMPORT
+               and torch.cuda.get_device_capability(device)[0] >= 9)
+    early, late = (C.PDL_EARLY, C.PDL_LATE) if capable else (0, 0)
     sms = C.sm_count(device)
-    assert C.pdl(device, sms) == early and C.pdl(device, 1) == early
+    assert C.pdl(device) == 0 and C.pdl(device, sms + 1) == 0
+    with recipes.pdl_on():
+        assert C.pdl(device) == early
+        assert C.pdl(device, sms) == early and C.pdl(device, 1) == early
+        assert C.pdl(device, sms + 1) == late
+        assert C.pdl(torch.device("cpu")) == 0
+        with recipes.pdl_off():
+            assert C.pdl(device) == 0 and C.pdl(device, sms + 1) == 0
+        assert C.pdl(device) == early
+    assert C.PDL_ENV not in C.os.environ and C.pdl(device) == 0
+    monkeypatch.setenv(C.PDL_ENV, "1")
     assert C.pdl(device, sms + 1) == late
-    assert C.pdl(torch.device("cpu")) == 0
-    with C.pdl_off():
-        assert C.pdl(device) == 0 and C.pdl(device, sms + 1) == 0
-    assert C.PDL_ENV not in C.os.environ and C.pdl(device) == early
+    with recipes.pdl_off():
+        assert C.pdl(device) == 0
+    assert C.os.environ[C.PDL_ENV] == "1"
     monkeypatch.setenv(C.PDL_ENV, "0")
     assert C.pdl(device) == 0
-    with C.pdl_off():
-        pass
-    assert C.os.environ[C.PDL_ENV] == "0"
+    monkeypatch.setenv(C.PDL_ENV, "yes please")
+    with pytest.raises(ValueError, match="SPEC_COOKBOOK_PDL.*'yes please'"):
+        C.pdl_enabled()

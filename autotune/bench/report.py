@@ -32,10 +32,12 @@ METHOD = """\
 How to read: times are medians in microseconds per call. "ours" and "torch graph" are
 CUDA-graph replays, each call behind a plain kernel: the graph holds n x [a one-element
 torch op, the call] and the time is its replay minus that of a graph of the n ops alone,
-per call. That is how an engine calls these kernels, right after its lm_head GEMM: a
-launch with programmatic dependent launch (PDL) cannot start early behind a kernel that
-does not release it. "ours back to back" is the same calls with nothing in between,
-where each of our launches overlaps the call before it (PDL on sm_90+). A graph holds up
+per call. That is how an engine calls these kernels, right after its lm_head GEMM.
+"ours back to back" is the same calls with nothing in between. Our launches are made
+without programmatic dependent launch (PDL), the default; "ours, PDL on" (some suites)
+is the same call with PDL (`recipes.pdl_on`), behind the plain kernel (where it cannot
+start early, as the GEMM does not release it) and back to back (where each launch
+overlaps the call before it). A graph holds up
 to 20 calls, more when there are more input sets, over up to 32 rotating input sets: a
 case whose sets together exceed twice the L2 is read from DRAM, smaller ones can be
 served from L2, and one whose 32 sets would all fit in the L2 (the small-batch cases)

@@ -262,7 +262,7 @@ def _time_case(case, entry, states, device, reps: int, est_us: float, behind) ->
             entry["tuned"], entry["configs"] = tuned_status(ours.fn, states[0], device)
         except Exception as exc:  # noqa: BLE001
             entry["errors"]["tuned"] = error_text(exc)
-    plan = [(n, v, behind) for n, v in case.variants.items()]
+    plan = [(n, v, None if v.back_to_back else behind) for n, v in case.variants.items()]
     if ours is not None and cuda:
         plan += [(BACK_TO_BACK, ours, None), (REPEAT, ours, behind)]
     if entry["tuned"] == "differs":

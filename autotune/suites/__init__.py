@@ -8,13 +8,16 @@ def dtype_name(dt) -> str:
     return str(dt).replace("torch.", "")
 
 
-def without_pdl(call):
-    """`call` (state -> outputs) with every launch made without programmatic dependent
-    launch: the "ours, PDL off" variant, timed like "ours" behind the bench's plain
-    kernel, so the two columns say what PDL costs or saves there."""
+def with_pdl(call, name: str = "ours") -> dict:
+    """The variants of `call` (state -> outputs) with every launch made with programmatic
+    dependent launch (`recipes.pdl_on`): "<name>, PDL on" behind the bench's plain
+    kernel, next to "ours" (PDL off, the default), says what PDL costs there; "<name>,
+    PDL on (back to back)" says what it saves where our launches follow each other."""
     import recipes
+    from autotune.registry import BenchVariant
 
     def run(s):
-        with recipes.pdl_off():
+        with recipes.pdl_on():
             return call(s)
-    return run
+    return {f"{name}, PDL on": BenchVariant(run),
+            f"{name}, PDL on (back to back)": BenchVariant(run, back_to_back=True)}

@@ -2,7 +2,7 @@
 import torch
 
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
-from autotune.suites import dtype_name, without_pdl
+from autotune.suites import dtype_name, with_pdl
 from recipes.chain_verify import (
     TUNING,
     VerifyResult,
@@ -52,7 +52,7 @@ def _bench_cases(preset: str):
         ours = lambda s: chain_verify(s["x"], s["d"], out=s["out"])    # noqa: E731
         variants = {"ours": BenchVariant(ours)}
         if B <= 16 and V == 151936 and dt == torch.bfloat16:   # where launch latency shows
-            variants["ours, PDL off"] = BenchVariant(without_pdl(ours))
+            variants.update(with_pdl(ours))
         cases.append(BenchCase(
             label={"dtype": dtype_name(dt), "B": B, "K": K, "V": V},
             make=make, bytes=TUNING.bytes_moved(key),
@@ -98,9 +98,10 @@ def _sampled_bench_cases(preset: str):
 SUITES = [
     BenchSuite(
         name=TUNING.name, cases=_bench_cases, title="chain_verify (greedy)",
-        notes="ours: one launch (argmax of every row fused with the accept logic), on "
-              "sm_90+ a programmatic dependent launch (PDL); 'ours, PDL off' (bfloat16, "
-              "V=151936, B <= 16): the same launch without PDL; torch: argmax over the "
+        notes="ours: one launch (argmax of every row fused with the accept logic), "
+              "without programmatic dependent launch (PDL, off by default); 'ours, PDL "
+              "on' (bfloat16, V=151936, B <= 16): the same launch with PDL (`pdl_on`), "
+              "behind the plain kernel and back to back; torch: argmax over the "
               "rows, then cumprod/where/gather for the accept logic. Bytes: the logits "
               "read once plus drafts and outputs.",
         extra={"plot": {"x": "B", "panel": "V", "fixed": {"K": 3, "dtype": "bfloat16"}},

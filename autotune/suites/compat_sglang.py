@@ -12,7 +12,7 @@ import inspect
 import torch
 
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
-from autotune.suites import dtype_name, without_pdl
+from autotune.suites import dtype_name, with_pdl
 from recipes.chain_verify import VerifyResult, chain_verify, make_inputs, reference, tune_key
 from recipes.compat import sglang as S
 from recipes.draft_tail import TUNING as DRAFT_TAIL
@@ -111,7 +111,7 @@ def _verify_cases(preset: str):
             make=make, bytes=nbytes,
             variants={
                 "ours": BenchVariant(ours),
-                **({"ours, PDL off": BenchVariant(without_pdl(ours))} if B <= 8 else {}),
+                **(with_pdl(ours) if B <= 8 else {}),
                 "ours: chain_verify": BenchVariant(
                     lambda s: chain_verify(s["logits"], s["drafts"], out=s["cv_out"])),
                 "torch eager": BenchVariant(_torch_verify, eager=True, peer=True),
@@ -194,8 +194,9 @@ SUITES = [
         name="compat_sglang", cases=_bench_cases,
         title="compat.sglang (SGLang's top-1 helpers, drop-in)",
         notes="op target_verify: target_verify_topk1_postprocess on logits [B*N, V] "
-              "(N = K+1), the chain layout; 'ours, PDL off' (B <= 8): the same launch without "
-              "programmatic dependent launch; 'ours: chain_verify': recipes.chain_verify on "
+              "(N = K+1), the chain layout; 'ours, PDL on' (B <= 8): the same launch with "
+              "programmatic dependent launch (`pdl_on`; off by default), behind the plain "
+              "kernel and back to back; 'ours: chain_verify': recipes.chain_verify on "
               "the same logits (the verification without SGLang's output layout); torch: "
               "argmax of every row, the accept logic, the layout. op draft_extend: "
               "draft_extend_topk1_postprocess on logits [2B, Vd] with B rows selected "

@@ -2,7 +2,7 @@
 import torch
 
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
-from autotune.suites import without_pdl
+from autotune.suites import with_pdl
 from recipes.draft_tail import TUNING, DraftTail, draft_tail, make_inputs, reference, tune_key
 
 
@@ -36,7 +36,7 @@ def _bench_cases(preset: str):
             make=make, bytes=TUNING.bytes_moved(key),
             variants={
                 "ours": BenchVariant(lambda s: _call(s, out=s["out"])),
-                "ours, PDL off": BenchVariant(without_pdl(lambda s: _call(s, out=s["out"]))),
+                **with_pdl(lambda s: _call(s, out=s["out"])),
                 "torch eager": BenchVariant(TUNING.torch_peer, eager=True, peer=True),
                 "torch graph": BenchVariant(TUNING.torch_peer, peer=True),
             }))
@@ -47,9 +47,10 @@ SUITES = [
     BenchSuite(
         name=TUNING.name, cases=_bench_cases, title="draft_tail (top-1 draft tail)",
         notes="ours: one launch (argmax of the selected rows read in place, token map, "
-              "probs, positions += 1, draft_tokens column, hidden-row gather), on sm_90+ "
-              "a programmatic dependent launch (PDL); 'ours, PDL off': the same launches "
-              "without PDL; torch: "
+              "probs, positions += 1, draft_tokens column, hidden-row gather), without "
+              "programmatic dependent launch (PDL, off by default); 'ours, PDL on': the "
+              "same launch with PDL (`pdl_on`), behind the plain kernel and back to "
+              "back; torch: "
               "index the rows, argmax, map, gather hidden, positions += 1, column write. "
               "Bytes: the selected logits rows read once plus the hidden rows read and "
               "written once (bf16)."),
