@@ -216,6 +216,32 @@ def test_final_rule_keeps_the_heuristic_unless_beaten_beyond_noise(fake, best, h
         sorted(heur)[1])
 
 
+@pytest.mark.parametrize("searched,chosen", [
+    (9.0, "search"),        # the search saw 10% too
+    (9.85, "heuristic"),    # the search saw 1.5%: under MIN_GAIN
+    (10.3, "heuristic"),    # the search saw it slower
+    (None, "search"),       # the search never measured the heuristic: the final decides
+])
+def test_a_gain_must_show_in_the_search_too(fake, searched, chosen):
+    """The final re-timing alone does not replace the heuristic: the search's own
+    measurements of the two must show the gain as well."""
+    from autotune.tune.plan import Job
+    from autotune.tune.write import finalize
+
+    h = fake.heuristic(KEY, None)
+    b = {"BLOCK": 256, "W": 2, "S": 1}
+    grid = fake.SCALE.configs(KEY)
+    job = Job(fake.SCALE, KEY, grid, "study", h, order=grid, limit=len(grid))
+    results = {config_id(b): Result("ok", searched or 9.0, config=b)}
+    if searched is not None:
+        results[config_id(h)] = Result("ok", 10.0, config=h)
+    m = _ScriptedMeasurer({config_id(b): [9.0] * 3, config_id(h): [10.0] * 3})
+    e = finalize(job, m, results, top=2, planned=len(grid), log=lambda s: None)
+    assert e["chosen_from"] == chosen
+    assert e["search_gain_vs_heuristic"] == (
+        None if searched is None else pytest.approx((10.0 - searched) / 10.0, abs=1e-4))
+
+
 def test_no_slower_at_lists_keys_where_the_config_held_up(fake):
     from autotune.tune.write import no_slower_at
 
