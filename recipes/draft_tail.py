@@ -54,10 +54,11 @@ One launch. The grid is [argmax programs | hidden-copy programs]:
   `gather`, which `recipes.compat.sglang` uses for SGLang's DSA top-k indices): copy
   programs after the hidden ones, out-of-range rows giving zeros instead of clamping.
 
-On sm_90+ every launch is a programmatic dependent launch (`_common.pdl`): the kernel
-may start while the previous one on the stream runs, and waits for it before its first
-load. A grid of at most a program an SM lets the next launch begin at once; a larger
-one after each program's scan (`pdl_release`). SPEC_COOKBOOK_PDL=0 turns it off.
+With PDL on (`recipes.pdl_on`, sm_90+; off by default) a launch is a programmatic
+dependent launch (`_common.pdl`): the kernel may start while the previous one on the
+stream runs, and waits for it before its first load. A grid of at most a program an SM
+lets the next launch begin at once; a larger one after each program's scan
+(`pdl_release`).
 
 No program waits on one that cannot run (the spin finisher only where every program
 of the grid is resident at once), and every config gives the same bits: the chunk
@@ -369,8 +370,9 @@ def tune_key(dtype: torch.dtype, V: int, B: int, H: int) -> dict:
     return {"dtype": C._dtype_name(dtype), "V": int(V), "B": int(B), "H": int(H)}
 
 
-def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
+def resolve_config(config: dict | None, key: dict, device: torch.device,
+                   tables: bool = True) -> dict:
+    return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
 
 
 # --- launcher --------------------------------------------------------------------------

@@ -434,6 +434,24 @@ def test_verify_runs_the_heuristic_not_chain_verifys_table(device):
     assert [r for r, *_ in trace] == ["chain_verify"]       # the plain call's lookup only
 
 
+def test_draft_extend_runs_the_heuristic_not_draft_tails_table(device):
+    """draft_tail's tables time its launch with token map, positions and column; the
+    draft_extend adapter's launch has none of them, so with config=None it runs
+    draft_tail's heuristic and never asks the tables; draft_topk1 is a draft_tail call
+    and asks them."""
+    from recipes.tables import trace_configs
+
+    x, _ = unique_max_logits(6, 3000, torch.bfloat16, device, seed=5)
+    hidden = torch.randn(6, 64, device=device).to(torch.bfloat16)
+    rows = torch.tensor([4, 1], dtype=torch.int64, device=device)
+    with trace_configs() as trace:
+        S.draft_extend_topk1_postprocess(x, rows, hidden_states=hidden)
+    assert trace == []
+    with trace_configs() as trace:
+        S.draft_topk1_postprocess(x, torch.zeros(6, dtype=torch.int64, device=device))
+    assert [r for r, *_ in trace] == ["draft_tail"]
+
+
 # --- one launch, equal to the compositions it replaces -------------------------------------
 VERIFY_SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}
 TAIL_SMALL = {"BLOCK_V": 512, "SPLIT": 4, "UNROLL": 1, "BLOCK_H": 2048, "num_warps": 4,

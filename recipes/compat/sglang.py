@@ -48,10 +48,11 @@ Beyond SGLang, each helper takes keyword-only `out=`, its output tuple of preall
 tensors (a field may be None to have it allocated; with every field given a call
 allocates nothing, e.g. inside a step graph; each one must have the field's exact shape
 and dtype, be contiguous and on the inputs' device), and `config=`, a launch config of
-the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: for the draft
-helpers draft_tail's tuned table, else its heuristic; for target_verify chain_verify's
-heuristic, since chain_verify's tables time a launch without SGLang's epilogue. Outputs
-never depend on the config.
+the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: the kernel's
+heuristic config for target_verify and draft_extend, whose launches (SGLang's epilogue;
+no token map, positions or column) are not the ones the recipes' tables time;
+draft_topk1 calls `recipes.draft_tail` itself, with its dispatch. Outputs never depend
+on the config.
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
@@ -89,7 +90,6 @@ import torch
 
 from .. import _common as C
 from ..chain_verify import VerifyResult, launch_verify
-from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import resolve_config as verify_config
 from ..chain_verify import tune_key as verify_key
 from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
@@ -245,8 +245,7 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     # chain_verify's tuned tables time its plain finish, not this launch with SGLang's
     # epilogue, which changes which configs are fast (docs/performance.md): so the
     # heuristic's config unless `config=` names one
-    key = verify_key(next_token_logits.dtype, V, B, K)
-    cfg = verify_heuristic(key, dev) if config is None else verify_config(config, key, dev)
+    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev, False)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
@@ -313,8 +312,11 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
              ("hidden_states", hidden), ("dsa_topk_indices", dsa)])
     if B == 0:
         return p, idx, h_out, d_out
+    # draft_tail's tables time its launch with the token map, positions and draft
+    # column; this one has none of them and ran a tuned config 2.3% slower than the
+    # heuristic's (docs/performance.md): so the heuristic's unless `config=` names one
     H = 0 if hidden is None else hidden.shape[1]
-    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev)
+    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev, False)
     launch_draft_tail(x, row_indices, hidden, None, None, None, 0, idx.view(-1), p.view(-1),
                       h_out, cfg, gather=None if dsa is None else (dsa, d_out))
     return p, idx, h_out, d_out
