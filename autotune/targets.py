@@ -178,9 +178,9 @@ def greedy_b1(inp):
     """Behind a plain kernel as everywhere; back to back, the better of the default
     launch and the PDL launch (`pdl_on`, the setting for calls that follow ours)."""
     c = inp.need("chain_verify", dtype="bfloat16", B=1, K=3, V=151936)[0]
-    b2b = [t for t in (back_to_back_time(c), p50(c, PDL_B2B)) if t is not None]
-    met = ours_time(c) <= 2.5 and bool(b2b) and min(b2b) <= 2.0
     pdl = p50(c, PDL_B2B)
+    b2b = [t for t in (back_to_back_time(c), pdl) if t is not None]
+    met = ours_time(c) <= 2.5 and bool(b2b) and min(b2b) <= 2.0
     return ours_time(c), met, (_b2b(c) + (f", with PDL {pdl:.2f} us" if pdl else "")
                                + " (target <= 2.0 us)")
 

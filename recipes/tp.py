@@ -341,10 +341,10 @@ def local_keys(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int,
     if R == 0:
         return out
     if local_logits.dim() == 2 and sampling is None:
-        cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, False)
+        cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, tables=False)
     else:
         key = CV.tune_key(local_logits.dtype, n_live, B, K1 - 1, sampling is not None)
-        cfg = CV.resolve_config(config, key, device, False)
+        cfg = CV.resolve_config(config, key, device, tables=False)
     _launch_keys(local_logits, out, cfg, vs, n_live, B, K1, stride_b, stride_j, sampling)
     return out
 
@@ -399,7 +399,7 @@ def argmax(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int, gro
         return AM.argmax(local_logits, out=out, config=config)
     if R == 0:
         return out
-    cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, False)
+    cfg = AM.resolve_config(config, local_logits.dtype, n_live, R, device, tables=False)
     _launch_keys(local_logits, out, cfg, vs, n_live, R, 1, local_logits.stride(0), 0, None)
     dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
     _launch_unpack(out, out)
@@ -428,7 +428,7 @@ def chain_verify(local_logits: torch.Tensor, draft_tokens: torch.Tensor, *,
     if B == 0:
         return out
     key = CV.tune_key(local_logits.dtype, n_live, B, K, sampling is not None)
-    cfg = CV.resolve_config(config, key, device, False)
+    cfg = CV.resolve_config(config, key, device, tables=False)
     R = B * (K + 1)
     keys = C.KEYS.get(device, R, 1)[0][:R]
     _launch_keys(local_logits, keys, cfg, vs, n_live, B, K + 1, stride_b, stride_j, sampling)

@@ -6,7 +6,6 @@ from recipes.verify_metadata import (
     TUNE_N,
     TUNING,
     engine_torch,
-    make_inputs,
     tune_key,
     verify_metadata,
 )
@@ -25,8 +24,8 @@ def _bench_cases(preset: str):
     for B, ctx, ps, layout in shapes:
         key = tune_key(layout, ps, B, triton.cdiv(ctx, ps))
 
-        def make(device, seed, key=key, ctx=ctx):
-            inp = make_inputs(key, device, seed, context=ctx)
+        def make(device, seed, key=key):
+            inp = TUNING.make_inputs(key, device, seed)     # full rows, as the tuner times
             out = verify_metadata(**inp)
             return {"inp": inp, "out": out}
 

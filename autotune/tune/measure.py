@@ -74,6 +74,7 @@ def clone(obj):
 
 
 def tensors(obj):
+    """The tensors in (nested lists, tuples, named tuples and dicts of) `obj`."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (tuple, list)):

@@ -245,7 +245,7 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     # chain_verify's tuned tables time its plain finish, not this launch with SGLang's
     # epilogue, which changes which configs are fast (docs/performance.md): so the
     # heuristic's config unless `config=` names one
-    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev, False)
+    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev, tables=False)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
@@ -316,7 +316,7 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
     # column; this one has none of them and ran a tuned config 2.3% slower than the
     # heuristic's (docs/performance.md): so the heuristic's unless `config=` names one
     H = 0 if hidden is None else hidden.shape[1]
-    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev, False)
+    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev, tables=False)
     launch_draft_tail(x, row_indices, hidden, None, None, None, 0, idx.view(-1), p.view(-1),
                       h_out, cfg, gather=None if dsa is None else (dsa, d_out))
     return p, idx, h_out, d_out
