@@ -22,12 +22,19 @@ SPLIT after `split_plan`'s clamp), each a superset of the one before:
                   stores its packed max; no arrival counter, no finish
     split+finish  plus the per-request arrival counter (`publish_packed`) and the last
                   program's finish: the N slots read back to rest, N indices written
+    release       split+finish with a release-only counter add and an acquiring slot
+                  read (no acquire in the programs that are not last)
+    spin          split+finish without a counter or fence: each program exchanges its
+                  candidate into a slot of its own, the request's last program exchanges
+                  them back until each has given one (only where the whole grid is
+                  resident, from the compiled kernel's registers and shared memory)
     chain_verify  the recipe (out= given), i.e. plus the drafts and the accept logic
     adapter       recipes.compat.sglang.target_verify_topk1_postprocess (out= given):
                   the same launch with the SGLang layout written by the finish
     torch.argmax  torch.argmax over the B*N rows (out= given), once per shape
-The read, split and split+finish kernels are this script's own experiments, each pricing
-a stage; every stage's outputs are checked against torch before anything is timed.
+The read, split, split+finish, release and spin kernels are this script's own
+experiments, each pricing a stage; every stage's outputs are checked against torch
+before anything is timed.
 
 Configs, per shape: the tuned table's entry for the exact key (read from the table file
 and passed explicitly, whether or not dispatch would use that table now), the heuristic's,
@@ -61,7 +68,8 @@ from recipes._argmax_core import (
 from recipes.compat import sglang as S
 
 CV = importlib.import_module("recipes.chain_verify")
-STAGES = ("empty", "read", "split", "split+finish", "chain_verify", "adapter")
+STAGES = ("empty", "read", "split", "split+finish", "release", "spin", "chain_verify",
+          "adapter")
 PROGRAM_TARGETS = (32, 64, 128, 256, 512)
 
 
@@ -85,13 +93,40 @@ def _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split, tiles_per,
     return b, b.to(tl.int64) * N + j, lo, hi, row_ptr
 
 
-READ, SPLIT, FINISH = 0, 1, 2          # the stages of `_stage_kernel`
+READ, SPLIT, FINISH, SPIN, RELEASE = 0, 1, 2, 3, 4   # the stages of `_stage_kernel`
+
+
+@triton.jit
+def _spin_finish(packed, pid, b, out_ptr, acc_ptr, N, n_split, NP: tl.constexpr,
+                 SP: tl.constexpr):
+    """SPIN: no counter. Every program of a request but its last exchanges its packed
+    candidate into its own slot; the last exchanges those slots back to rest until each
+    has given one, folds them per row and writes the N indices. Needs every program of
+    the request resident, or earlier in dispatch order than the last."""
+    per_req = N * n_split
+    p = pid - b * per_req
+    slots = acc_ptr + b.to(tl.int64) * per_req
+    if p < per_req - 1:
+        tl.atomic_xchg(slots + p, packed, sem="relaxed")
+    else:
+        lanes = tl.arange(0, SP)
+        got = lanes >= per_req - 1
+        vals = tl.where(lanes == per_req - 1, packed, PACKED_EMPTY)
+        while tl.min(got.to(tl.int32), 0) == 0:
+            v = tl.atomic_xchg(slots + lanes, PACKED_EMPTY, mask=~got, sem="relaxed")
+            new = (v != PACKED_EMPTY) & ~got
+            vals = tl.where(new, v, vals)
+            got = got | new
+        jj = tl.arange(0, NP)
+        mine = (lanes[None, :] // n_split) == jj[:, None]
+        best = tl.max(tl.where(mine, vals[None, :], PACKED_EMPTY), 1)
+        tl.store(out_ptr + b.to(tl.int64) * N + jj, unpack_index(best), mask=jj < N)
 
 
 @triton.jit
 def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_split,
                   tiles_per, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, NP: tl.constexpr,
-                  STAGE: tl.constexpr, PDL: tl.constexpr):
+                  STAGE: tl.constexpr, PDL: tl.constexpr, SP: tl.constexpr = 1):
     """READ: a float sum of the chunk, stored per program (out float32 [programs]);
     SPLIT: the chunk's packed argmax, stored per program (out int64 [programs]);
     FINISH: published to its row's slot, and the request's last program writes the N
@@ -112,8 +147,20 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
     else:
         packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
         C.pdl_release(PDL)
-        if STAGE == 1:                  # SPLIT (else FINISH)
+        if STAGE == 1:                  # SPLIT
             tl.store(out_ptr + pid, packed)
+        elif STAGE == 3:                # SPIN
+            _spin_finish(packed, pid, b, out_ptr, acc_ptr, N, n_split, NP, SP)
+        elif STAGE == 4:                # RELEASE
+            tl.atomic_max(acc_ptr + row, packed, sem="relaxed")
+            arrived = tl.atomic_add(cnt_ptr + b, 1, sem="release")
+            if arrived == N * n_split - 1:
+                jj = tl.arange(0, NP)
+                rows = b.to(tl.int64) * N + jj
+                got = tl.atomic_xchg(acc_ptr + rows, tl.full([NP], PACKED_EMPTY, tl.int64),
+                                     sem="acquire", mask=jj < N)
+                tl.store(out_ptr + rows, unpack_index(got), mask=jj < N)
+                tl.store(cnt_ptr + b, 0)
         else:
             arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
             if arrived == N * n_split - 1:
@@ -126,6 +173,20 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
 
 
 # --- one shape's inputs and calls ------------------------------------------------------------
+def programs_per_sm(kernel, num_warps: int, device) -> int:
+    """Programs of a compiled kernel one SM holds at once: threads, registers (allocated
+    per warp in units of 256), shared memory and the 32-block limit."""
+    kernel._init_handles()              # loads the binary; sets n_regs
+    props = torch.cuda.get_device_properties(device)
+    threads = 32 * num_warps
+    regs_warp = -(-max(1, kernel.n_regs) * 32 // 256) * 256
+    by_regs = props.regs_per_multiprocessor // (regs_warp * num_warps)
+    by_threads = props.max_threads_per_multi_processor // threads
+    smem = kernel.metadata.shared
+    by_smem = (props.shared_memory_per_multiprocessor // smem) if smem else 32
+    return max(0, min(32, by_regs, by_threads, by_smem))
+
+
 class Shape:
     """Input sets of one (B, N, V, dtype) and the calls of every stage on them."""
 
@@ -174,25 +235,49 @@ class Shape:
         tile = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl)
 
         def stage(which, out):
+            sp = C.next_pow2(N * split) if which == SPIN else 1
+
             def call(s):
                 x = s["x"]
-                acc, cnt = C.WORKSPACE.get(self.device, self.B * N, self.B)
+                acc, cnt = C.WORKSPACE.get(self.device, self.B * N * split, self.B)
                 _stage_kernel[(grid,)](x, out, acc, cnt, V, N, N * x.stride(0), x.stride(0),
                                        split, tiles_per, **tile, NP=C.next_pow2(N),
-                                       STAGE=which, **kw)
+                                       STAGE=which, SP=sp, **kw)
             return call
 
-        return {
+        calls = {
             "empty": lambda s: _empty_kernel[(grid,)](s["x"], PDL=pdl, **kw),
             "read": stage(READ, self.sums),
             "split": stage(SPLIT, self.slots),
             "split+finish": stage(FINISH, self.tokens),
+            "release": stage(RELEASE, self.tokens),
+            "spin": stage(SPIN, self.tokens),
             "chain_verify": lambda s: CV.chain_verify(s["x"], s["d"], out=self.vout,
                                                       config=cfg),
             "adapter": lambda s: S.target_verify_topk1_postprocess(
                 s["x"], s["cand"], self.ridx, self.rnext, self.seq, out=self.aout,
                 config=cfg),
         }
+        if not self.resident(cfg):        # a spin on a program that cannot run would hang
+            del calls["spin"]
+        return calls
+
+    def resident(self, cfg) -> bool:
+        """Whether every program of the spin stage's grid can be resident at once (from
+        the compiled kernel's registers and shared memory; always under the interpreter,
+        which runs programs in order, the last one last)."""
+        if self.device.type != "cuda":
+            return True
+        grid, split, tiles_per, pdl = self.plan(cfg)
+        x = self.states[0]["x"]
+        acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N * split, self.B)
+        k = _stage_kernel.warmup(x, self.tokens, acc, cnt, self.V, self.N, 1, 1, split,
+                                 tiles_per, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
+                                 PDL=pdl, NP=C.next_pow2(self.N), STAGE=SPIN,
+                                 SP=C.next_pow2(self.N * split), num_warps=cfg["num_warps"],
+                                 num_stages=1, grid=(grid,))
+        return grid <= C.sm_count(self.device) * programs_per_sm(k, cfg["num_warps"],
+                                                                  self.device)
 
     def per_shape_calls(self) -> dict:
         pdl = C.pdl(self.device, 1)
@@ -217,9 +302,12 @@ class Shape:
         packed = self.slots[:grid].view(-1, split).max(dim=1).values
         if not torch.equal(0x7FFFFFFF - (packed & 0xFFFFFFFF), want):
             raise AssertionError(f"split stage: argmax differs at {cfg}")
-        calls["split+finish"](s)
-        if not torch.equal(self.tokens.long(), want):
-            raise AssertionError(f"split+finish stage: argmax differs at {cfg}")
+        for name in ("split+finish", "release", "spin"):
+            if name in calls:
+                self.tokens.fill_(-1)
+                calls[name](s)
+                if not torch.equal(self.tokens.long(), want):
+                    raise AssertionError(f"{name} stage: argmax differs at {cfg}")
         ref = CV.reference(s["x"], s["d"])
         calls["chain_verify"](s)
         calls["adapter"](s)
@@ -231,7 +319,7 @@ class Shape:
                 and torch.equal(a.bonus_tokens, ref.bonus)
                 and torch.equal(a.select_index, ref.select_index)):
             raise AssertionError(f"the adapter differs from chain_verify at {cfg}")
-        acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N, self.B)
+        acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N * split, self.B)
         if not (bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all())):
             raise AssertionError(f"the workspace is not at rest after {cfg}")
 
@@ -286,7 +374,7 @@ def measure(shapes, reps: int, log=print) -> dict:
         for _, cfg in cfgs:        # (also compiles every kernel before any timing)
             shape.check(cfg)
         res[shape.label()] = {"op": [], "per_shape": {}, "configs": [
-            (label, cfg, shape.plan(cfg)[0], {st: [] for st in STAGES})
+            (label, cfg, shape.plan(cfg)[0], {st: [] for st in shape.calls(cfg)})
             for label, cfg in cfgs]}
     for rep in range(2):
         for shape in shapes:
@@ -323,7 +411,8 @@ def render_md(res: dict, header: list[str]) -> str:
         lines.append("|---|---|---:|" + "---:|" * len(STAGES))
         for name, cfg, progs, prices in r["configs"]:
             lines.append(f"| {name} | {cfg_str(cfg)} | {progs} | "
-                         + " | ".join(_two(prices[s]) for s in STAGES) + " |")
+                         + " | ".join(_two(prices[s]) if s in prices else "-"
+                                      for s in STAGES) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -331,8 +420,8 @@ def render_md(res: dict, header: list[str]) -> str:
 def short_table(res: dict) -> str:
     """One line per (shape, config): the mean of the two passes per stage; the noise
     line gives the largest gap between passes."""
-    cols = ("empty", "read", "split", "split+finish", "chain_verify", "adapter")
-    heads = ("empty", "read", "split", "+finish", "verify", "adapter")
+    cols = STAGES
+    heads = ("empty", "read", "split", "+finish", "release", "spin", "verify", "adapter")
     out = []
     gap = 0.0
     for label, r in res.items():
@@ -341,8 +430,9 @@ def short_table(res: dict) -> str:
         out.append(f"  {'config':<24}{'progs':>6}" + "".join(f"{h:>9}" for h in heads))
         for name, cfg, progs, prices in r["configs"]:
             out.append(f"  {name[:10]:<10} {cfg_str(cfg):<13}{progs:>6}"
-                       + "".join(f"{sum(prices[c]) / 2:>9.2f}" for c in cols))
-            gap = max([gap] + [abs(prices[c][0] - prices[c][1]) for c in cols])
+                       + "".join(f"{sum(prices[c]) / 2:>9.2f}" if c in prices
+                                 else f"{'-':>9}" for c in cols))
+            gap = max([gap] + [abs(v[0] - v[1]) for v in prices.values()])
         for v in r["per_shape"].values():
             gap = max(gap, abs(v[0] - v[1]))
     out.append(f"(us behind a one-element torch op, mean of 2 passes; largest gap between "
@@ -364,7 +454,7 @@ def main(argv=None) -> int:
         "\n\n")[0])
     p.add_argument("--out", default=None, help="markdown report (e.g. results/h200/stages.md)")
     p.add_argument("--shape", action="append", type=_parse_shape, default=[],
-                   metavar="BxN", help="batch x tokens per request (default: 1x4 and 8x4)")
+                   metavar="BxN", help="batch x tokens per request (default: 1x4, 4x4 and 8x4)")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--reps", type=int, default=40, help="graph replays per median")
@@ -387,7 +477,7 @@ def main(argv=None) -> int:
         return 2
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    shapes = [Shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or [(1, 4), (8, 4)])]
+    shapes = [Shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or [(1, 4), (4, 4), (8, 4)])]
     res = measure(shapes, a.reps)
     header = [f"GPU: {torch.cuda.get_device_name(dev)}; torch {torch.__version__}, triton "
               f"{triton.__version__}, Python {platform.python_version()}; "
