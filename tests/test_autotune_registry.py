@@ -31,6 +31,26 @@ def test_fake_is_registered_and_recipes_register_themselves(fake):
         assert tn.bytes_moved(key) > 0
 
 
+def test_heuristics_pick_admitted_configs_at_every_default_key(monkeypatch):
+    """The heuristic's config at each default key (gpu and smoke presets), for 78 and 132
+    SMs, sets every parameter to one of its space's choices; for the split-argmax
+    recipes, whose constraints are static limits, the constraint admits it too (copy_inputs'
+    and the short kernels' constraints also prune configs that run like a smaller one)."""
+    from recipes import _common as C
+    from recipes.tuning import all_tunings
+
+    for sms in (78, 132):
+        monkeypatch.setattr(C, "sm_count", lambda device, sms=sms: sms)
+        for tn in all_tunings():
+            for preset in ("smoke", "gpu"):
+                for key in tn.default_keys(preset):
+                    heur = tn.heuristic(key, torch.device("cpu"))
+                    where = (tn.name, key, sms, heur)
+                    assert all(heur[p] in ch for p, ch in tn.space.items()), where
+                    if tn.name in ("argmax", "chain_verify", "draft_tail"):
+                        assert tn.admits(heur, key), where
+
+
 def test_configs_apply_the_constraint(fake):
     F = fake
     key = {"dtype": "float32", "N": 64}
