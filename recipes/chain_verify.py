@@ -71,7 +71,6 @@ from ._argmax_core import (
     unpack_index,
 )
 from ._gumbel_core import sampled_chunk_packed
-from ._registers import matching_cap
 from .tuning import Tuning
 
 NAME = "chain_verify"
@@ -262,14 +261,14 @@ def heuristic(key: dict, device: torch.device) -> dict:
 def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
     """The config for `rows` sampled rows of V ids. Sampled rows are issue-bound (~23
     instructions an id), so what matters is how many programs share each SM's issue
-    slots and how evenly the last ones end. Up to 4 rows (and up to 16 below V=65536):
+    slots and how evenly the last ones end. Below 8 rows (and up to 16 below V=65536):
     2048-id tiles on 4 warps, the next tile's loads issued before this tile's arithmetic
-    (UNROLL=2), ~16 chunks an SM. Above that, one tile a step (UNROLL=1) and fewer,
+    (UNROLL=2), ~16 chunks an SM. Beyond those, one tile a step (UNROLL=1) and fewer,
     longer programs: below V=65536 1024-id tiles on 4 warps, about 4 programs an SM;
     from V=65536 2048-id tiles on 8 warps, about 2 programs an SM up to 64 rows, then
     4 programs a row up to 8 an SM. SPLIT is the nearest power of two. Measured basis:
     docs/performance.md, section "The filtered Gumbel scan"."""
-    if rows <= 4 or (V < 65536 and rows <= 16):
+    if rows < 8 or (V < 65536 and rows <= 16):
         block = 2048
         split = min(C.next_pow2(-(-16 * sms // rows)), 128, C.next_pow2(-(-V // block)))
         return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
@@ -406,21 +405,15 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
         seq, sg_draft, sg_index, sg_lens, sg_seq = sglang
         stride_seq = seq.stride(0)
     pdl = C.pdl(logits.device, B * (K + 1) * split)
-    args = (logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
-            acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
-            draft_tokens.stride(1), st, ss, sp, split, tiles_per,
-            seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq)
-    meta = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
-                SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC,
-                PDL=pdl, SGLANG=sglang is not None, num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
-    if sglang is not None:
-        # SGLang's epilogue gets the plain kernel's registers, so the configs that
-        # chain_verify's tables time keep their programs an SM (`_registers`)
-        cap = matching_cap(_verify_kernel, args, meta, {"SGLANG": False}, logits.device)
-        if cap is not None:
-            meta["maxnreg"] = cap
-    _verify_kernel[(B * (K + 1) * split,)](*args, **meta)
+    _verify_kernel[(B * (K + 1) * split,)](
+        logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
+        acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
+        draft_tokens.stride(1), st, ss, sp, split, tiles_per,
+        seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq,
+        BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
+        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
+        SGLANG=sglang is not None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
 def resolve_config(config: dict | None, key: dict, device: torch.device,
