@@ -23,7 +23,8 @@ SPLIT after `split_plan`'s clamp), each a superset of the one before:
     split+finish  plus the per-request arrival counter (`publish_packed`) and the last
                   program's finish: the N slots read back to rest, N indices written
     release       split+finish with a release-only counter add and an acquiring slot
-                  read (no acquire in the programs that are not last)
+                  read (no acquire in the programs that are not last). A price, not a
+                  protocol: the acquire is on the slots, not on the released counter
     spin          split+finish without a counter or fence: each program exchanges its
                   candidate into a slot of its own, the request's last program exchanges
                   them back until each has given one (only where the whole grid is
