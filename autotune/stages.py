@@ -131,7 +131,8 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
     """READ: a float sum of the chunk, stored per program (out float32 [programs]);
     SPLIT: the chunk's packed argmax, stored per program (out int64 [programs]);
     FINISH: published to its row's slot, and the request's last program writes the N
-    indices (out int32 [B*N]) and puts slots and counter back to rest."""
+    indices (out int32 [B*N]) and puts slots and counter back to rest; RELEASE: the
+    same with a release-only counter add; SPIN: `_spin_finish` (no counter)."""
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     b, row, lo, hi, row_ptr = _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split,
@@ -155,22 +156,24 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
         elif STAGE == 4:                # RELEASE
             tl.atomic_max(acc_ptr + row, packed, sem="relaxed")
             arrived = tl.atomic_add(cnt_ptr + b, 1, sem="release")
-            if arrived == N * n_split - 1:
-                jj = tl.arange(0, NP)
-                rows = b.to(tl.int64) * N + jj
-                got = tl.atomic_xchg(acc_ptr + rows, tl.full([NP], PACKED_EMPTY, tl.int64),
-                                     sem="acquire", mask=jj < N)
-                tl.store(out_ptr + rows, unpack_index(got), mask=jj < N)
-                tl.store(cnt_ptr + b, 0)
-        else:
+            _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "acquire")
+        else:                           # FINISH
             arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
-            if arrived == N * n_split - 1:
-                jj = tl.arange(0, NP)
-                rows = b.to(tl.int64) * N + jj
-                got = tl.atomic_xchg(acc_ptr + rows, tl.full([NP], PACKED_EMPTY, tl.int64),
-                                     sem="relaxed", mask=jj < N)
-                tl.store(out_ptr + rows, unpack_index(got), mask=jj < N)
-                tl.store(cnt_ptr + b, 0)
+            _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "relaxed")
+
+
+@triton.jit
+def _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP: tl.constexpr,
+                 SEM: tl.constexpr):
+    """The request's last arrival: exchange its N slots back to rest (with `SEM`), write
+    the N indices and put the counter back to rest."""
+    if arrived == N * n_split - 1:
+        jj = tl.arange(0, NP)
+        rows = b.to(tl.int64) * N + jj
+        got = tl.atomic_xchg(acc_ptr + rows, tl.full([NP], PACKED_EMPTY, tl.int64),
+                             sem=SEM, mask=jj < N)
+        tl.store(out_ptr + rows, unpack_index(got), mask=jj < N)
+        tl.store(cnt_ptr + b, 0)
 
 
 # --- one shape's inputs and calls ------------------------------------------------------------
