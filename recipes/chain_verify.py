@@ -269,19 +269,19 @@ def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
     4 programs a row up to 8 an SM. SPLIT is the nearest power of two. Measured basis:
     docs/performance.md, section "The filtered Gumbel scan"."""
     if rows < 8 or (V < 65536 and rows <= 16):
-        block = 2048
-        split = min(C.next_pow2(-(-16 * sms // rows)), 128, C.next_pow2(-(-V // block)))
-        return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
-                "UNROLL": 2, "EXACT": 0}
-    if V < 65536:
-        block, warps, programs = 1024, 4, 4 * sms
+        block, warps, unroll = 2048, 4, 2
+        split = C.next_pow2(-(-16 * sms // rows))
     else:
-        block, warps = 2048, 8
-        programs = 2 * sms if rows <= 64 else min(8 * sms, 4 * rows)
-    split = 1 << max(0, round(math.log2(max(1.0, programs / rows))))
+        if V < 65536:
+            block, warps, programs = 1024, 4, 4 * sms
+        else:
+            block, warps = 2048, 8
+            programs = 2 * sms if rows <= 64 else min(8 * sms, 4 * rows)
+        unroll = 1
+        split = 1 << max(0, round(math.log2(max(1.0, programs / rows))))
     split = min(split, 128, C.next_pow2(-(-V // block)))
     return {"BLOCK_V": block, "SPLIT": split, "num_warps": warps, "num_stages": 1,
-            "UNROLL": 1, "EXACT": 0}
+            "UNROLL": unroll, "EXACT": 0}
 
 
 def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) -> dict:
