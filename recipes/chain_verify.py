@@ -71,6 +71,7 @@ from ._argmax_core import (
     unpack_index,
 )
 from ._gumbel_core import sampled_chunk_packed
+from ._registers import matching_cap
 from .tuning import Tuning
 
 NAME = "chain_verify"
@@ -405,15 +406,21 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
         seq, sg_draft, sg_index, sg_lens, sg_seq = sglang
         stride_seq = seq.stride(0)
     pdl = C.pdl(logits.device, B * (K + 1) * split)
-    _verify_kernel[(B * (K + 1) * split,)](
-        logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
-        acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
-        draft_tokens.stride(1), st, ss, sp, split, tiles_per,
-        seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq,
-        BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
-        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
-        SGLANG=sglang is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+    args = (logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
+            acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
+            draft_tokens.stride(1), st, ss, sp, split, tiles_per,
+            seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq)
+    meta = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
+                SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC,
+                PDL=pdl, SGLANG=sglang is not None, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+    if sglang is not None:
+        # SGLang's epilogue gets the plain kernel's registers, so the configs that
+        # chain_verify's tables time keep their programs an SM (`_registers`)
+        cap = matching_cap(_verify_kernel, args, meta, {"SGLANG": False}, logits.device)
+        if cap is not None:
+            meta["maxnreg"] = cap
+    _verify_kernel[(B * (K + 1) * split,)](*args, **meta)
 
 
 def resolve_config(config: dict | None, key: dict, device: torch.device,

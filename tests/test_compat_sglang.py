@@ -422,16 +422,56 @@ def test_verify_is_graph_capturable(device):
     assert_outputs(out, sglang_target_verify(x, cand, ridx, rnext, seq), "graph")
 
 
-def test_verify_runs_the_heuristic_not_chain_verifys_table(device):
-    """chain_verify's tables time a launch without SGLang's epilogue: with config=None the
-    adapter runs chain_verify's heuristic config and never asks the tables."""
+def test_verify_runs_chain_verifys_dispatch(device):
+    """With config=None the adapter runs the config chain_verify's dispatch picks for the
+    same shape (its tuned table, else its heuristic)."""
     from recipes.tables import trace_configs
 
     x, cand, ridx, rnext, seq = _verify_args(device)
     with trace_configs() as trace:
         S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq)
         CV.chain_verify(x, cand[:, 1:])
-    assert [r for r, *_ in trace] == ["chain_verify"]       # the plain call's lookup only
+    assert [r for r, *_ in trace] == ["chain_verify", "chain_verify"]
+    assert trace[0][1:] == trace[1][1:]
+
+
+@pytest.mark.parametrize("cfg", [
+    None,
+    {"BLOCK_V": 2048, "SPLIT": 1, "num_warps": 16, "UNROLL": 2},
+    {"BLOCK_V": 1024, "SPLIT": 1, "num_warps": 8, "UNROLL": 1},
+    {"BLOCK_V": 1024, "SPLIT": 32, "num_warps": 4, "UNROLL": 1},
+])
+def test_verify_epilogue_keeps_the_plain_kernels_registers(device, monkeypatch, cfg):
+    """chain_verify's tables time the kernel without SGLang's epilogue; the adapter's
+    launch is held to that kernel's registers (`recipes._registers.matching_cap`), so a
+    tuned config keeps its programs an SM (the epilogue once took 2048/16-warp and
+    1024/8-warp tiles from 32 to 38 registers). On the GPU: the capped variant uses no
+    more registers than the plain one and does not spill; outputs stay exact."""
+    seen = []
+    real = CV.matching_cap
+
+    def spy(kernel, args, meta, plain, dev):
+        cap = real(kernel, args, meta, plain, dev)
+        seen.append((args, dict(meta), plain, cap))
+        return cap
+
+    monkeypatch.setattr(CV, "matching_cap", spy)
+    x, cand, ridx, rnext, seq = _verify_args(device)
+    got = S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq, config=cfg)
+    assert_outputs(got, sglang_target_verify(x, cand, ridx, rnext, seq), f"config {cfg}")
+    assert len(seen) == 1 and seen[0][1]["SGLANG"] is True
+    args, meta, plain, cap = seen[0]
+    if device.type != "cuda":
+        assert cap is None
+        return
+    kern = CV._verify_kernel
+    base = kern.warmup(*args, **{**meta, **plain}, grid=(1,))
+    ours = kern.warmup(*args, **meta, **({} if cap is None else {"maxnreg": cap}),
+                       grid=(1,))
+    base._init_handles()
+    ours._init_handles()
+    assert ours.n_regs <= base.n_regs, (cfg, ours.n_regs, base.n_regs)
+    assert ours.n_spills == 0, (cfg, ours.n_spills)
 
 
 def test_draft_extend_runs_the_heuristic_not_draft_tails_table(device):

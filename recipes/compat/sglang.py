@@ -48,9 +48,11 @@ Beyond SGLang, each helper takes keyword-only `out=`, its output tuple of preall
 tensors (a field may be None to have it allocated; with every field given a call
 allocates nothing, e.g. inside a step graph; each one must have the field's exact shape
 and dtype, be contiguous and on the inputs' device), and `config=`, a launch config of
-the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: the kernel's
-heuristic config for target_verify and draft_extend, whose launches (SGLang's epilogue;
-no token map, positions or column) are not the ones the recipes' tables time;
+the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: for
+target_verify chain_verify's dispatch (its tuned table, else its heuristic; the launch
+with SGLang's epilogue is held to the plain kernel's registers, so the tables' configs
+keep their occupancy); for draft_extend draft_tail's heuristic config, since its launch
+(no token map, positions or column) is not the one draft_tail's tables time;
 draft_topk1 calls `recipes.draft_tail` itself, with its dispatch. Outputs never depend
 on the config.
 
@@ -242,10 +244,9 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     if B == 0:
         return res
     K, V = N - 1, next_token_logits.shape[-1]
-    # chain_verify's tuned tables time its plain finish, not this launch with SGLang's
-    # epilogue, which changes which configs are fast (docs/performance.md): so the
-    # heuristic's config unless `config=` names one
-    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev, tables=False)
+    # chain_verify's tables: its launcher gives this launch (SGLang's epilogue) the
+    # plain kernel's registers, so the scan they timed is the scan this runs
+    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
