@@ -138,7 +138,7 @@ def key_str(key: dict) -> str:
 
 # The library's tuned recipes, in the order tunes and reports list them.
 RECIPE_MODULES = ("argmax", "chain_verify", "draft_tail", "relay", "verify_metadata",
-                  "copy_inputs")
+                  "copy_inputs", "compat.sglang")
 
 
 def all_tunings() -> list[Tuning]:

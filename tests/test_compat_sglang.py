@@ -422,17 +422,42 @@ def test_verify_is_graph_capturable(device):
     assert_outputs(out, sglang_target_verify(x, cand, ridx, rnext, seq), "graph")
 
 
-def test_verify_runs_chain_verifys_dispatch(device):
-    """With config=None the adapter runs the config chain_verify's dispatch picks for the
-    same shape (its tuned table, else its heuristic)."""
+def test_verify_dispatches_on_its_own_table(device):
+    """With config=None the adapter asks its own table (`sglang_target_verify`, timed
+    with SGLang's epilogue) with chain_verify's key for the shape, never chain_verify's
+    table; without an entry it runs chain_verify's heuristic."""
+    from recipes.chain_verify import heuristic, tune_key
     from recipes.tables import trace_configs
 
     x, cand, ridx, rnext, seq = _verify_args(device)
+    B, N = cand.shape
     with trace_configs() as trace:
         S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq)
         CV.chain_verify(x, cand[:, 1:])
-    assert [r for r, *_ in trace] == ["chain_verify", "chain_verify"]
-    assert trace[0][1:] == trace[1][1:]
+    key = tune_key(x.dtype, x.shape[-1], B, N - 1)
+    assert [(r, k) for r, k, _ in trace] == [(S.VERIFY_TABLE, key), ("chain_verify", key)]
+    if device.type != "cuda":
+        assert trace[0][2] is None                       # no tables off the GPU
+    got = S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq,
+                                            config=heuristic(key, device))
+    assert_outputs(got, sglang_target_verify(x, cand, ridx, rnext, seq), "heuristic")
+
+
+def test_verify_tuning_matches_sglang(device):
+    """The tuner's declaration: its inputs are SGLang's chain layout, its reference equals
+    SGLang's answer, and sampled configs of the space give it bit for bit."""
+    import random
+
+    t = S.TUNING
+    key = t.default_keys("smoke")[0]
+    inp = t.make_inputs(key, device, 3)
+    ref = t.reference(inp)
+    assert_outputs(ref, sglang_target_verify(*inp), "reference")
+    assert int(ref.num_correct_drafts.min()) < key["K"]   # some drafts rejected
+    configs = t.configs(key)
+    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
+        assert t.equal(t.run(inp, cfg), ref), cfg
+    assert len(t.default_keys("gpu")) == 15
 
 
 @pytest.mark.parametrize("cfg", [

@@ -49,12 +49,13 @@ tensors (a field may be None to have it allocated; with every field given a call
 allocates nothing, e.g. inside a step graph; each one must have the field's exact shape
 and dtype, be contiguous and on the inputs' device), and `config=`, a launch config of
 the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: for
-target_verify chain_verify's dispatch (its tuned table, else its heuristic; the launch
-with SGLang's epilogue is held to the plain kernel's registers, so the tables' configs
-keep their occupancy); for draft_extend draft_tail's heuristic config, since its launch
-(no token map, positions or column) is not the one draft_tail's tables time;
-draft_topk1 calls `recipes.draft_tail` itself, with its dispatch. Outputs never depend
-on the config.
+target_verify the launch's own tuned table, `sglang_target_verify` (`TUNING` below:
+chain_verify's space and heuristic, timed with SGLang's epilogue, which changes which
+configs are fast), else chain_verify's heuristic; for draft_extend draft_tail's
+heuristic config, since its launch (no token map, positions or column) is not the one
+draft_tail's tables time; draft_topk1 calls `recipes.draft_tail` itself, with its
+dispatch. Outputs never depend on the config. The epilogue launch is held to the plain
+kernel's registers where that compiles without spills (`recipes._registers`).
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
@@ -91,13 +92,20 @@ from typing import NamedTuple
 import torch
 
 from .. import _common as C
+from .._registers import matching_cap
+from ..chain_verify import SPACE as VERIFY_SPACE
+from ..chain_verify import TUNING as CHAIN_VERIFY_TUNING
 from ..chain_verify import VerifyResult, launch_verify
-from ..chain_verify import resolve_config as verify_config
+from ..chain_verify import constraint as verify_constraint
+from ..chain_verify import heuristic as verify_heuristic
+from ..chain_verify import make_inputs as verify_inputs
+from ..chain_verify import reference as verify_reference
 from ..chain_verify import tune_key as verify_key
 from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
 from ..draft_tail import resolve_config as tail_config
 from ..draft_tail import tune_key as tail_key
 from ..relay import FIELD_DTYPES
+from ..tuning import Tuning
 
 
 class TargetVerifyTopk1Output(NamedTuple):
@@ -244,9 +252,10 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     if B == 0:
         return res
     K, V = N - 1, next_token_logits.shape[-1]
-    # chain_verify's tables: its launcher gives this launch (SGLang's epilogue) the
-    # plain kernel's registers, so the scan they timed is the scan this runs
-    cfg = verify_config(config, verify_key(next_token_logits.dtype, V, B, K), dev)
+    # this launch's own table (VERIFY_TABLE): SGLang's epilogue changes which of
+    # chain_verify's configs are fast, so chain_verify's table is not borrowed
+    cfg = C.resolve_config(VERIFY_TABLE, config, verify_key(next_token_logits.dtype, V, B, K),
+                           verify_heuristic, VERIFY_SPACE, dev)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
@@ -326,3 +335,72 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
 __all__ = ["TargetVerifyTopk1Output", "target_verify_topk1_postprocess",
            "target_verify_topk1_is_supported", "draft_topk1_postprocess",
            "draft_extend_topk1_postprocess"]
+
+
+# --- tuning of the target_verify launch -------------------------------------------------
+# chain_verify's kernel with SGLang's epilogue, tuned as its own table over chain_verify's
+# space, constraint and heuristic, with keys like chain_verify's greedy ones.
+VERIFY_TABLE = "sglang_target_verify"
+
+
+def target_verify_reference(next_token_logits: torch.Tensor, candidates: torch.Tensor,
+                            retrieve_index: torch.Tensor, retrieve_next_token: torch.Tensor,
+                            seq_lens: torch.Tensor) -> TargetVerifyTopk1Output:
+    """`target_verify_topk1_postprocess` in plain torch: `recipes.chain_verify`'s
+    reference on the chain layout, in SGLang's fields (the tree tensors are not read)."""
+    B, N = candidates.shape
+    r = verify_reference(next_token_logits.reshape(B * N, -1), candidates[:, 1:])
+    j = torch.arange(N, device=candidates.device)
+    keep = j[None, :] <= r.accept_len[:, None].to(torch.int64)
+    rows = torch.arange(B, device=candidates.device)[:, None] * N + j[None, :]
+    predict = torch.where(keep, r.tokens, 0).reshape(-1)
+    accept_lens = r.accept_len + 1
+    return TargetVerifyTopk1Output(
+        predict, r.accept_len, accept_lens, torch.where(keep, rows, -1).to(torch.int32),
+        r.bonus, seq_lens + accept_lens.to(seq_lens.dtype), r.select_index,
+        predict.to(torch.int64))
+
+
+def _verify_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """chain_verify's greedy inputs for the key in SGLang's arguments: candidates = a last
+    committed token then the drafts, the chain's retrieve tensors, seq_lens < 32768."""
+    logits, drafts, _ = verify_inputs(key, device, seed)
+    B, N = drafts.shape[0], key["K"] + 1
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    last = torch.randint(0, key["V"], (B, 1), generator=g).to(device)
+    cand = torch.cat([last, drafts.to(torch.int64)], dim=1)
+    ridx = torch.arange(B * N, device=device).view(B, N)
+    rnext = torch.arange(1, N + 1, device=device).repeat(B, 1)
+    rnext[:, -1] = -1
+    seq = torch.randint(1, 32768, (B,), generator=g).to(device)
+    return logits, cand, ridx, rnext, seq
+
+
+def _verify_bytes(key: dict) -> int:
+    """chain_verify's bytes plus the SGLang fields: seq_lens and the last token read,
+    accept_index, draft_tokens, accept_lens and new_seq_lens written."""
+    B, N = key["B"], key["K"] + 1
+    return CHAIN_VERIFY_TUNING.bytes_moved(key) + B * 16 + B * N * 12 + B * 12
+
+
+def _verify_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures: bfloat16 V=151936 N=4 at every power-of-two B from 1
+    to 256, and at B=1 the other vocabularies (129280, 262144), N (2, 8) and float32 of
+    SGLang's verify table (`python -m autotune bench --suite compat_sglang`), with its
+    float32 B=32 N=6 V=154880; 15 keys. "smoke": one small key."""
+    if preset == "smoke":
+        return [verify_key(torch.bfloat16, 4096, 2, 3)]
+    bf16, f32 = torch.bfloat16, torch.float32
+    keys = [verify_key(bf16, 151936, b, 3) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    keys += [verify_key(bf16, v, 1, 3) for v in (129280, 262144)]
+    keys += [verify_key(bf16, 151936, 1, k) for k in (1, 7)]
+    return keys + [verify_key(f32, 151936, 1, 3), verify_key(f32, 154880, 32, 5)]
+
+
+TUNING = Tuning(
+    name=VERIFY_TABLE, space=VERIFY_SPACE, heuristic=verify_heuristic, constraint=verify_constraint,
+    make_inputs=_verify_inputs,
+    run=lambda inp, cfg: target_verify_topk1_postprocess(*inp, config=cfg),
+    reference=lambda inp: target_verify_reference(*inp), bytes_moved=_verify_bytes,
+    default_keys=_verify_keys,
+    sources=CHAIN_VERIFY_TUNING.sources + (target_verify_topk1_postprocess, matching_cap))
