@@ -5,6 +5,12 @@
 #
 #   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)            (~3-5 min)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
+#   retune    python -m autotune tune of $RETUNE_RECIPES alone (comma-separated), into a
+#             fresh store within RETUNE_BUDGET_S s (default 200): their tables replace
+#             those in results/<gpu>/, the run's report and log go to
+#             results/<gpu>/logs/retune-<recipes>-report.json and .log; tune-report.json
+#             (the last full tune's) is left as it is. For a table that a kernel change
+#             made stale, before a bench
 #   quality   python -m autotune quality: tuner vs exhaustive optimum     (~5 min)
 #   bench     python -m autotune bench: every suite, capped at BENCH_MAX_S s
 #   bench1    the bench over $BENCH1_SUITES (default chain_verify,chain_verify_sampled)
@@ -27,8 +33,8 @@
 # from the repository root (PYTHONPATH), nothing is installed into the environment.
 # Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, EXAMPLE_ARGS, BENCH_ARGS
 # (extra arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS
-# (with pytest-xdist; default min(12, cores)), STEP_TIMEOUT (seconds a step may run,
-# default 570).
+# (with pytest-xdist; default min(12, cores)), RETUNE_RECIPES, RETUNE_BUDGET_S, STEP_TIMEOUT
+# (seconds a step may run, default 570).
 set -u
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 PY=${PYTHON:-python3}
@@ -93,6 +99,20 @@ for step in "${steps[@]}"; do
     tune)
       run_step tune "$PY" -m autotune tune ${TUNE_ARGS:---no-progress} || status=1
       wrote_results=1 ;;
+    retune)
+      [ -n "${RETUNE_RECIPES:-}" ] || { echo "gpu_pass: retune needs RETUNE_RECIPES" >&2; exit 2; }
+      tag=${RETUNE_RECIPES//,/-}
+      store=$(mktemp -d)
+      if run_step retune "$PY" -m autotune tune --recipe "$RETUNE_RECIPES" --results "$store" \
+          --storage "$store/studies.journal" --budget-s "${RETUNE_BUDGET_S:-200}" --no-progress
+      then
+        mkdir -p "$results/logs"
+        for r in ${RETUNE_RECIPES//,/ }; do cp "$store/$slug/$r.json" "$results/" || status=1; done
+        cp "$store/$slug/tune-report.json" "$results/logs/retune-$tag-report.json"
+        cp "$out/retune.log" "$results/logs/retune-$tag.log"
+      else status=1
+      fi
+      wrote_results=1 ;;
     quality)
       run_step quality "$PY" -m autotune quality ${QUALITY_ARGS:---no-progress} || status=1
       wrote_results=1 ;;
@@ -133,8 +153,8 @@ for step in "${steps[@]}"; do
           | tee -a "$out/summary.txt"; status=1
       fi
       wrote_results=1 ;;
-    *) echo "gpu_pass: unknown step $step (test tune quality bench bench1 bench2 example" \
-            "stages costs targets)" >&2
+    *) echo "gpu_pass: unknown step $step (test tune retune quality bench bench1 bench2" \
+            "example stages costs targets)" >&2
        exit 2 ;;
   esac
 done
