@@ -550,7 +550,8 @@ def poisoned_verify_out(B, N, seq_dtype, device):
 
 def check_verify(x, cand, seq, cfgs=(None,)):
     """The helper, with poisoned out= buffers, equals the composition for each config;
-    the out= tensors are the ones returned; without out= (allocated) the same."""
+    the out= tensors are the ones returned; without out= (allocated) and
+    `target_verify_reference` the same."""
     B, N = cand.shape
     want = composed_verify(x, cand, seq)
     ridx, rnext = chain_layout(B, N, x.device)
@@ -562,6 +563,8 @@ def check_verify(x, cand, seq, cfgs=(None,)):
         assert_outputs(got, want, f"cfg={cfg}")
     assert_outputs(S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq), want,
                    "allocated")
+    # the tuner's plain-torch reference (`TUNING`) says the same
+    assert_outputs(S.target_verify_reference(x, cand, ridx, rnext, seq), want, "reference")
     return want
 
 
