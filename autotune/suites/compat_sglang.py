@@ -13,7 +13,7 @@ import torch
 
 from autotune.registry import BenchCase, BenchSuite, BenchVariant
 from autotune.suites import dtype_name, with_pdl
-from recipes.chain_verify import VerifyResult, chain_verify, make_inputs, reference, tune_key
+from recipes.chain_verify import VerifyResult, chain_verify, reference, tune_key
 from recipes.compat import sglang as S
 from recipes.draft_tail import TUNING as DRAFT_TAIL
 from recipes.draft_tail import make_inputs as draft_inputs
@@ -50,21 +50,15 @@ def _draft_shapes(preset: str):
     return [(b, v, 4096) for v in (32000, 151936) for b in (1, 8, 64, 256)]
 
 
-def _verify_inputs(key: dict, device, seed: int, N: int) -> dict:
-    """The verifier's SGLang arguments: logits [B*N, V] whose argmax accepts a random
-    prefix of the drafts, candidates = [last committed token, drafts], the chain layout,
-    seq_lens; plus the drafts alone (contiguous) for chain_verify."""
-    x, d, _ = make_inputs(key, device, seed)
-    B, V = key["B"], key["V"]
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    last = torch.randint(0, V, (B, 1), generator=g).to(device)
-    rnext = torch.arange(1, N + 1, dtype=torch.int64).repeat(B, 1)
-    rnext[:, -1] = -1
-    return {"logits": x, "candidates": torch.cat([last, d.to(torch.int64)], dim=1),
-            "retrieve_index": torch.arange(B * N, dtype=torch.int64).view(B, N).to(device),
-            "retrieve_next_token": rnext.to(device),
-            "seq_lens": torch.randint(64, 4096, (B,), generator=g).to(device),
-            "drafts": d.to(torch.int64).contiguous()}
+def _verify_inputs(key: dict, device, seed: int) -> dict:
+    """The verifier's SGLang arguments as the tuner makes them (`S.TUNING`: logits whose
+    argmax accepts a random prefix of the drafts, candidates = [last committed token,
+    drafts], the chain layout, seq_lens), plus the drafts alone (contiguous) for
+    chain_verify."""
+    x, cand, ridx, rnext, seq = S.TUNING.make_inputs(key, device, seed)
+    return {"logits": x, "candidates": cand, "retrieve_index": ridx,
+            "retrieve_next_token": rnext, "seq_lens": seq,
+            "drafts": cand[:, 1:].contiguous()}
 
 
 def _verify_args(s: dict):
@@ -73,15 +67,9 @@ def _verify_args(s: dict):
 
 
 def _torch_verify(s: dict):
-    """Torch's way: argmax of every row, the accept logic, then SGLang's output layout."""
-    B, N = s["candidates"].shape
-    r = reference(s["logits"], s["candidates"][:, 1:])
-    keep = torch.arange(N, device=r.tokens.device)[None, :] <= r.accept_len[:, None]
-    predict = torch.where(keep, r.tokens, 0).view(-1)
-    flat = torch.arange(B * N, device=keep.device, dtype=torch.int32).view(B, N)
-    accept_lens = r.accept_len + 1
-    return (predict, r.accept_len, accept_lens, torch.where(keep, flat, -1), r.bonus,
-            s["seq_lens"] + accept_lens, r.select_index, predict.to(torch.int64))
+    """Torch's way: argmax of every row, the accept logic, then SGLang's output layout
+    (`S.target_verify_reference`)."""
+    return S.target_verify_reference(*_verify_args(s))
 
 
 def _verify_cases(preset: str):
@@ -90,8 +78,8 @@ def _verify_cases(preset: str):
     for dtype, B, N, V in _verify_shapes(preset):
         key = tune_key(dtype, V, B, N - 1)
 
-        def make(device, seed, key=key, N=N):
-            s = _verify_inputs(key, device, seed, N)
+        def make(device, seed, key=key):
+            s = _verify_inputs(key, device, seed)
             s["cv_out"] = VerifyResult(*[t.clone() for t in reference(s["logits"],
                                                                               s["drafts"])])
             if out:
