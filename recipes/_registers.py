@@ -1,11 +1,12 @@
 """Register budgets of kernel variants.
 
-A recipe's tuned table times one variant of its kernel. Another variant that only adds an
-epilogue to the finishing program (chain_verify's SGLang layout) runs the same scan, but
-the compiler may give the whole kernel more registers for that epilogue, so an SM holds
-fewer of its programs and a config tuned on the plain variant no longer fits
-(docs/performance.md, section "Dispatch"). `matching_cap` gives the variant the plain
-variant's registers (`maxnreg`), where that compiles without spilling.
+A variant of a kernel that only adds an epilogue to the finishing program (chain_verify's
+SGLang layout) runs the same scan, but the compiler may give the whole kernel more
+registers for that epilogue, so an SM holds fewer of its programs (docs/performance.md,
+section "Dispatch"). `matching_cap` gives the variant the plain variant's registers
+(`maxnreg`), where that compiles without spilling. It runs on every launch of the
+variant: building its cache key costs ~15 us of host time a call (a CPU measurement),
+which a graph replay does not pay.
 """
 from __future__ import annotations
 

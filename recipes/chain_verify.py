@@ -415,8 +415,9 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
                 PDL=pdl, SGLANG=sglang is not None, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
     if sglang is not None:
-        # SGLang's epilogue gets the plain kernel's registers, so the configs that
-        # chain_verify's tables time keep their programs an SM (`_registers`)
+        # SGLang's epilogue gets the plain kernel's registers, so a config keeps the
+        # plain kernel's programs an SM (`_registers`); the adapter's own table
+        # (`sglang_target_verify`) is timed with this cap
         cap = matching_cap(_verify_kernel, args, meta, {"SGLANG": False}, logits.device)
         if cap is not None:
             meta["maxnreg"] = cap

@@ -18,7 +18,8 @@ faster than the heuristic at its own key. A table is ignored, with one warning, 
 it was made under the interpreter (on a GPU), over another search space, or for kernel
 source that has changed since (`header.source_hash`); entries whose config the current
 space does not admit are dropped with one warning. A missing table is silent. Nothing
-here ever raises into a call. The format is documented in `autotune/tables.py`, which writes it.
+here ever raises into a call. The format is documented in `autotune/tables.py`, which
+writes it.
 """
 from __future__ import annotations
 
