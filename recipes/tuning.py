@@ -1,10 +1,11 @@
 """What a recipe declares about its own tuning, as plain data: the tuner (`autotune`) reads
 these declarations, and the library never imports the tuner.
 
-Each recipe module defines one `Tuning` named `TUNING`: its search space, the static
-constraint and heuristic its launcher uses, the key that selects a table entry, and what
-a tuner needs to run it on synthetic inputs (an input maker, the call, the reference, the
-fewest bytes a call moves, the default keys). `all_tunings()` lists the library's own.
+Each recipe module defines one `Tuning` named `TUNING` (a module that tunes several
+launches lists them as `TUNINGS`): its search space, the static constraint and heuristic
+its launcher uses, the key that selects a table entry, and what a tuner needs to run it
+on synthetic inputs (an input maker, the call, the reference, the fewest bytes a call
+moves, the default keys). `all_tunings()` lists the library's own.
 
 Key: a flat dict of the call's shape that can change the best config, e.g.
 {"dtype": "bfloat16", "V": 151936, "R": 4}. String fields must match exactly when
@@ -142,8 +143,13 @@ RECIPE_MODULES = ("argmax", "chain_verify", "draft_tail", "relay", "verify_metad
 
 
 def all_tunings() -> list[Tuning]:
-    """The `TUNING` declaration of every recipe module of the library."""
-    return [importlib.import_module(f"{__package__}.{m}").TUNING for m in RECIPE_MODULES]
+    """The `TUNING` declaration of every recipe module of the library (a module that
+    tunes several launches lists them as `TUNINGS`)."""
+    out = []
+    for m in RECIPE_MODULES:
+        mod = importlib.import_module(f"{__package__}.{m}")
+        out += getattr(mod, "TUNINGS", (mod.TUNING,))
+    return out
 
 
 _EXTRA: dict[str, Tuning] = {}

@@ -505,7 +505,7 @@ def test_cli_smoke_tune_of_every_recipe(tmp_path):
     import autotune.registry as reg
     reg.load_recipes("recipes")
     real = sorted(n for n in reg.tunables() if not n.startswith("fake_"))
-    assert len(real) == 7 and "sglang_target_verify" in real
+    assert len(real) == 8 and {"sglang_target_verify", "sglang_draft_extend"} <= set(real)
     assert f"wrote {len(real)} table(s)" in r.stderr
     out = tmp_path / "cpu-interpreter"
     for name in real:

@@ -499,22 +499,62 @@ def test_verify_epilogue_keeps_the_plain_kernels_registers(device, monkeypatch, 
     assert ours.n_spills == 0, (cfg, ours.n_spills)
 
 
-def test_draft_extend_runs_the_heuristic_not_draft_tails_table(device):
+def test_draft_extend_dispatches_on_its_own_table(device):
     """draft_tail's tables time its launch with token map, positions and column; the
-    draft_extend adapter's launch has none of them, so with config=None it runs
-    draft_tail's heuristic and never asks the tables; draft_topk1 is a draft_tail call
-    and asks them."""
+    draft_extend adapter's launch has none of them, so with config=None it asks its own
+    table (`sglang_draft_extend`) with draft_tail's key, and with DSA rows (copy programs
+    its table was not timed with) no table; draft_topk1 is a draft_tail call and asks
+    draft_tail's."""
+    from recipes.draft_tail import tune_key
     from recipes.tables import trace_configs
 
     x, _ = unique_max_logits(6, 3000, torch.bfloat16, device, seed=5)
     hidden = torch.randn(6, 64, device=device).to(torch.bfloat16)
     rows = torch.tensor([4, 1], dtype=torch.int64, device=device)
+    dsa = torch.zeros(6, 3, dtype=torch.int32, device=device)
     with trace_configs() as trace:
         S.draft_extend_topk1_postprocess(x, rows, hidden_states=hidden)
-    assert trace == []
+        S.draft_extend_topk1_postprocess(x, rows, hidden_states=hidden, dsa_topk_indices=dsa)
+    assert [(r, k) for r, k, _ in trace] == [
+        (S.EXTEND_TABLE, tune_key(torch.bfloat16, 3000, 2, 64))]
     with trace_configs() as trace:
         S.draft_topk1_postprocess(x, torch.zeros(6, dtype=torch.int64, device=device))
     assert [r for r, *_ in trace] == ["draft_tail"]
+
+
+def test_extend_tuning_matches_the_composition(device):
+    """The tuner's declaration of the draft_extend launch: its reference equals draft_tail's
+    and relay's composition (also on out-of-range rows and DSA rows), its outputs are
+    poisoned buffers that a run must write, and sampled configs of the space give the
+    reference bit for bit."""
+    import random
+
+    from recipes.tuning import all_tunings
+
+    t = S.EXTEND_TUNING
+    assert t in all_tunings() and S.TUNING in all_tunings()
+    key = t.default_keys("smoke")[0]
+    inp = t.make_inputs(key, device, 3)
+    x, rows, hidden, out = inp
+    ref = t.reference(inp)
+    for name, g, w in zip(("topk_p", "topk_index", "hidden", "dsa"), ref,
+                          composed_extend(x, rows, hidden, None), strict=True):
+        if w is None:
+            assert g is None, name
+        else:
+            assert_equal(g, w, name)
+    assert out[0].isnan().all() and bool((out[1] == -7).all())   # poisoned
+    configs = t.configs(key)
+    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
+        assert t.equal(t.run(t.make_inputs(key, device, 3), cfg), ref), cfg
+    R = x.shape[0]
+    odd = torch.tensor([R - 1, -3, R + 4, 0], device=device)
+    dsa = dsa_rows(R, 5, torch.int32, device, seed=2)
+    for name, g, w in zip(("topk_p", "topk_index", "hidden", "dsa"),
+                          S.draft_extend_reference(x, odd, hidden, dsa),
+                          composed_extend(x, odd, hidden, dsa), strict=True):
+        assert_equal(g, w, f"{name}, out-of-range rows")
+    assert len(t.default_keys("gpu")) == 8
 
 
 # --- one launch, equal to the compositions it replaces -------------------------------------

@@ -51,9 +51,10 @@ and dtype, be contiguous and on the inputs' device), and `config=`, a launch con
 the kernel it runs (`recipes.chain_verify` or `recipes.draft_tail`). None: for
 target_verify the launch's own tuned table, `sglang_target_verify` (`TUNING` below:
 chain_verify's space and heuristic, timed with SGLang's epilogue, which changes which
-configs are fast), else chain_verify's heuristic; for draft_extend draft_tail's
-heuristic config, since its launch (no token map, positions or column) is not the one
-draft_tail's tables time; draft_topk1 calls `recipes.draft_tail` itself, with its
+configs are fast), else chain_verify's heuristic; for draft_extend its own table too,
+`sglang_draft_extend` (`EXTEND_TUNING`: draft_tail's space, heuristic and keys, timed on
+this launch, which has no token map, positions or column), else, and always with DSA
+rows, draft_tail's heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its
 dispatch. Outputs never depend on the config. The epilogue launch is held to the plain
 kernel's registers where that compiles without spills (`recipes._registers`).
 
@@ -101,10 +102,16 @@ from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import make_inputs as verify_inputs
 from ..chain_verify import reference as verify_reference
 from ..chain_verify import tune_key as verify_key
+from ..draft_tail import SPACE as TAIL_SPACE
+from ..draft_tail import TUNING as DRAFT_TAIL_TUNING
 from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
-from ..draft_tail import resolve_config as tail_config
+from ..draft_tail import constraint as tail_constraint
+from ..draft_tail import heuristic as tail_heuristic
+from ..draft_tail import make_inputs as tail_inputs
+from ..draft_tail import reference as tail_reference
 from ..draft_tail import tune_key as tail_key
 from ..relay import FIELD_DTYPES
+from ..relay import reference_gather as relay_reference_gather
 from ..tuning import Tuning
 
 
@@ -322,11 +329,12 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
              ("hidden_states", hidden), ("dsa_topk_indices", dsa)])
     if B == 0:
         return p, idx, h_out, d_out
-    # draft_tail's tables time its launch with the token map, positions and draft
-    # column; this one has none of them and ran a tuned config 2.3% slower than the
-    # heuristic's (docs/performance.md): so the heuristic's unless `config=` names one
+    # this launch's own table (EXTEND_TABLE): draft_tail's time a launch with a token
+    # map, positions and a draft column, which rank configs otherwise. It is timed
+    # without DSA rows, whose copy programs join the grid: with them, the heuristic's
     H = 0 if hidden is None else hidden.shape[1]
-    cfg = tail_config(config, tail_key(x.dtype, V, B, H), dev, tables=False)
+    cfg = C.resolve_config(EXTEND_TABLE, config, tail_key(x.dtype, V, B, H), tail_heuristic,
+                           TAIL_SPACE, dev, tables=dsa is None)
     launch_draft_tail(x, row_indices, hidden, None, None, None, 0, idx.view(-1), p.view(-1),
                       h_out, cfg, gather=None if dsa is None else (dsa, d_out))
     return p, idx, h_out, d_out
@@ -404,3 +412,57 @@ TUNING = Tuning(
     reference=lambda inp: target_verify_reference(*inp), bytes_moved=_verify_bytes,
     default_keys=_verify_keys,
     sources=CHAIN_VERIFY_TUNING.sources + (target_verify_topk1_postprocess, matching_cap))
+
+
+# --- tuning of the draft_extend launch --------------------------------------------------
+# draft_tail's kernel gathering rows and hidden rows with no token map, positions or
+# draft column, tuned as its own table over draft_tail's space, constraint, heuristic
+# and keys.
+EXTEND_TABLE = "sglang_draft_extend"
+
+
+def draft_extend_reference(next_token_logits: torch.Tensor, row_indices: torch.Tensor,
+                           hidden_states: torch.Tensor | None = None,
+                           dsa_topk_indices: torch.Tensor | None = None) -> tuple:
+    """`draft_extend_topk1_postprocess` in plain torch: `recipes.draft_tail`'s reference
+    (row indices clamped into the logits' rows) in SGLang's fields; DSA rows of
+    out-of-range indices are zeros (`relay_gather`'s rule)."""
+    R = next_token_logits.shape[0]
+    r = tail_reference(next_token_logits, row_indices,
+                       None if hidden_states is None else hidden_states[:R])
+    dsa = None
+    if dsa_topk_indices is not None:
+        dsa = dsa_topk_indices.new_empty(row_indices.shape[0], dsa_topk_indices.shape[1])
+        relay_reference_gather(row_indices, [(dsa_topk_indices[:R], dsa)])
+    return r.probs[:, None], r.tokens[:, None], r.hidden, dsa
+
+
+def _extend_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """draft_tail's inputs for the key in SGLang's arguments (logits [2B, Vd] with planted
+    ties, B rows selected out of order, hidden rows), and `out=`: the outputs
+    preallocated and poisoned (a check must write them), so each rotated input set
+    writes its own buffers, as an engine's step does."""
+    inp = tail_inputs(key, device, seed)
+    x, hid, B = inp["logits"], inp["hidden"], key["B"]
+    out = (torch.full((B, 1), float("nan"), dtype=torch.float32, device=device),
+           torch.full((B, 1), -7, dtype=torch.int64, device=device),
+           None if hid is None else torch.full((B, hid.shape[1]), float("nan"),
+                                               dtype=hid.dtype, device=device),
+           None)
+    return x, inp["rows"], hid, out
+
+
+def _extend_run(inp: tuple, cfg: dict) -> tuple:
+    x, rows, hid, out = inp
+    return draft_extend_topk1_postprocess(x, rows, hid, out=out, config=cfg)
+
+
+EXTEND_TUNING = Tuning(
+    name=EXTEND_TABLE, space=TAIL_SPACE, heuristic=tail_heuristic, constraint=tail_constraint,
+    make_inputs=_extend_inputs, run=_extend_run,
+    reference=lambda inp: draft_extend_reference(*inp[:3]),
+    bytes_moved=DRAFT_TAIL_TUNING.bytes_moved, default_keys=DRAFT_TAIL_TUNING.default_keys,
+    sources=DRAFT_TAIL_TUNING.sources + (draft_extend_topk1_postprocess, _extend_inputs,
+                                         _extend_run))
+
+TUNINGS = (TUNING, EXTEND_TUNING)     # what `recipes.tuning.all_tunings` lists of this module
