@@ -29,7 +29,7 @@ def _csv(values) -> list[str]:
 def _add_common(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--recipe", action="append", metavar="NAME",
                    help="recipe(s) to work on (repeat or comma-separate; default: all "
-                        "registered)")
+                        "registered but those tuned on request, which the run names)")
     p.add_argument("--preset", choices=("gpu", "smoke"),
                    help="key set of the recipes (default: gpu on CUDA, smoke on CPU)")
     p.add_argument("--storage", metavar="URL|FILE",

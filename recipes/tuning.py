@@ -41,6 +41,7 @@ class Tuning:
     torch_peer: Callable[[Any], Any] | None = None   # inputs -> outputs, torch's way
     compare: Callable[[Any, Any], bool] | None = None  # (ours, ref) -> equal; default exact
     sources: tuple = ()                         # kernels/functions whose source is hashed
+    on_request: bool = False                    # tuned only when named (`--recipe`)
 
     def configs(self, key: dict) -> list[dict]:
         """Every config of the space that the static constraint admits for `key`."""

@@ -487,6 +487,18 @@ def test_encoding_and_sampler_follow_the_order_and_readiness(fake):
     assert Encoding(fake.SPACE).params(seen[0]) == ks.study.trials[1].params
 
 
+def test_tunables_on_request_are_tuned_only_when_named(capsys):
+    """The default set leaves out a tunable declared `on_request` and says so; naming it
+    with --recipe tunes it."""
+    from autotune.tune.plan import select_tunables
+
+    names = [t.name for t in select_tunables(Options())]
+    assert "sglang_target_verify" in names and "sglang_draft_extend" not in names
+    assert "tuned only when named (--recipe): sglang_draft_extend" in capsys.readouterr().err
+    assert [t.name for t in select_tunables(Options(recipes=["sglang_draft_extend"]))] == [
+        "sglang_draft_extend"]
+
+
 @pytest.mark.skipif(_common.interpreter_numpy_problem() is not None,
                     reason="the CPU smoke tune runs the Triton interpreter: "
                            f"{_common.interpreter_numpy_problem()}")
@@ -505,7 +517,10 @@ def test_cli_smoke_tune_of_every_recipe(tmp_path):
     import autotune.registry as reg
     reg.load_recipes("recipes")
     real = sorted(n for n in reg.tunables() if not n.startswith("fake_"))
-    assert len(real) == 8 and {"sglang_target_verify", "sglang_draft_extend"} <= set(real)
+    asked = sorted(n for n in real if reg.tunables()[n].on_request)
+    assert asked == ["sglang_draft_extend"] and "sglang_target_verify" in real
+    assert "tuned only when named (--recipe): sglang_draft_extend" in r.stderr
+    real = [n for n in real if n not in asked]
     assert f"wrote {len(real)} table(s)" in r.stderr
     out = tmp_path / "cpu-interpreter"
     for name in real:

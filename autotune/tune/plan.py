@@ -56,7 +56,11 @@ def select_tunables(opts: Options) -> list[Tunable]:
             raise SystemExit(f"autotune: unknown recipe(s) {missing}; registered: "
                              f"{sorted(all_t)}")
         return [all_t[r] for r in opts.recipes]
-    return [all_t[n] for n in sorted(all_t)]
+    asked = sorted(n for n, t in all_t.items() if t.on_request)
+    if asked:
+        print(f"autotune: tuned only when named (--recipe): {', '.join(asked)}",
+              file=sys.stderr)
+    return [all_t[n] for n in sorted(all_t) if not all_t[n].on_request]
 
 
 def keys_for(t: Tunable, preset: str, overrides: dict) -> list[dict]:

@@ -53,8 +53,9 @@ target_verify the launch's own tuned table, `sglang_target_verify` (`TUNING` bel
 chain_verify's space and heuristic, timed with SGLang's epilogue, which changes which
 configs are fast), else chain_verify's heuristic; for draft_extend its own table too,
 `sglang_draft_extend` (`EXTEND_TUNING`: draft_tail's space, heuristic and keys, timed on
-this launch, which has no token map, positions or column), else, and always with DSA
-rows, draft_tail's heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its
+this launch, which has no token map, positions or column; tuned on request, `make tune
+TUNE_ARGS="--recipe sglang_draft_extend"`), else, and always with DSA rows, draft_tail's
+heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its
 dispatch. Outputs never depend on the config. The epilogue launch is held to the plain
 kernel's registers where that compiles without spills (`recipes._registers`).
 
@@ -463,6 +464,10 @@ EXTEND_TUNING = Tuning(
     reference=lambda inp: draft_extend_reference(*inp[:3]),
     bytes_moved=DRAFT_TAIL_TUNING.bytes_moved, default_keys=DRAFT_TAIL_TUNING.default_keys,
     sources=DRAFT_TAIL_TUNING.sources + (draft_extend_topk1_postprocess, _extend_inputs,
-                                         _extend_run))
+                                         _extend_run),
+    # its launch compiles ~2400 binaries of its own (draft_tail's space, other
+    # constexprs): in the default set they would hold a fresh `make tune` of 450 s below
+    # half of every grid (docs/performance.md, "The tuner's own measurements")
+    on_request=True)
 
 TUNINGS = (TUNING, EXTEND_TUNING)     # what `recipes.tuning.all_tunings` lists of this module
