@@ -91,6 +91,7 @@ def compile_pool_check(cache_dir: str) -> dict:
     out = {"configs": len(per), "binaries": len(bins), "per": per, "per2": per2,
            "compiled": stats.compiled + stats.cached, "failed": stats.failed,
            "errors": stats.errors, "loads": watch.loads, "misses": watch.misses,
+           "loaded_are_probed": watch.loaded == set(bins),
            "new_files": sorted(new)}
     print(json.dumps(out))
     return out

@@ -27,6 +27,7 @@ def test_pool_compiles_what_the_measuring_side_then_loads(tmp_path):
     assert out["per2"] == out["per"], "another R launches the same binaries"
     assert out["compiled"] == out["binaries"] and out["failed"] == 0, out["errors"]
     assert out["loads"] == out["binaries"] and out["misses"] == 0
+    assert out["loaded_are_probed"]          # the ids the budget prices loads by
     assert out["new_files"] == [], "the measuring side compiled instead of loading"
 
 

@@ -76,6 +76,47 @@ def test_the_estimate_is_the_arithmetic_of_the_docstring():
     assert cov.estimate(jobs2, 1.0, lambda b: True) == pytest.approx(0.5 + 0.6 + RESERVE_S)
 
 
+def test_binaries_not_yet_loaded_are_priced_once():
+    """A binary's first use in the measuring process costs a load once, whichever key
+    uses it; binaries loaded already cost nothing; without `loaded` loads are not
+    priced."""
+    clock = Clock()
+    m = _model(binary_s=0.0)
+    m.guess["load_s"] = 0.1
+    cov = Coverage(1000.0, clock(), m, clock=clock)
+    jobs = _jobs([100, 200])
+    base = 2 * 0.5 + 300 * 0.01 + RESERVE_S
+    assert cov.estimate(jobs, 1.0, None) == pytest.approx(base)
+    every = {(i, c, 0) for i in range(2) for c in range(200)}
+    assert cov.estimate(jobs, 1.0, None, set()) == pytest.approx(base + 30.0)
+    half = {b for b in every if b[1] < 50}
+    assert cov.estimate(jobs, 1.0, None, half) == pytest.approx(base + 0.1 * (50 + 150))
+    assert cov.estimate(jobs, 1.0, None, every) == pytest.approx(base)
+    shared = _jobs([100, 200], shared=True)
+    assert cov.estimate(shared, 1.0, None, set()) == pytest.approx(base + 20.0)
+    # a plan that prices loads fits less of every grid in the same time
+    tight = Coverage(20.0, clock(), m, clock=clock)
+    assert tight.plan(jobs, None, set()) < Coverage(
+        20.0, clock(), m, clock=clock).plan(jobs, None)
+
+
+def test_a_configs_cost_leaves_out_the_binaries_it_loaded():
+    """Configs that loaded no binary set the per-config cost; those that loaded some set
+    what a load adds, shared by the binaries they loaded."""
+    m = _model()
+    assert m.per_load() == 0.0                       # the test model's guess: none
+    for _ in range(10):
+        m.observe_config(0.012, 0.0)
+    for _ in range(5):
+        m.observe_config(0.042, 0.0, loads=1)
+    m.observe_config(0.072, 0.0, loads=2)
+    assert m.per_config_host() == pytest.approx(0.012)
+    assert m.per_load() == pytest.approx(0.03)
+    d = m.as_dict()
+    assert d["measured"]["configs"] == 16 and d["measured"]["configs_loading"] == 6
+    assert d["per_load_s"] == pytest.approx(0.03)
+
+
 def test_coverage_falls_evenly_with_the_budget():
     clock = Clock()
     jobs = _jobs([96, 158, 158, 30, 540])

@@ -5,7 +5,8 @@ its order (at least one, the heuristic's; at most `--trials`), so a smaller budg
 every key's coverage alike and never skips a recipe. The fraction is the largest that the
 cost model says fits the time left:
 
-    max(keys left x per-key cost + configs left x per-config cost,
+    max(keys left x per-key cost + configs left x per-config cost
+          + binaries not yet loaded x per-load cost,
         binaries left x per-binary compile / workers + one key's work) + RESERVE_S
       <= time left
 
@@ -13,11 +14,15 @@ cost model says fits the time left:
 the run ends with the slower of the two, and the last binaries still have a key's
 configs and finalisation after them).
 Per-key cost: inputs, references, the final re-timing, torch's timing, the table write.
-Per-config cost: a host part (check, graph capture, bookkeeping) plus the GPU part of its
-timing, estimated from the key's bytes (`gpu_seconds`). Each starts from a guess (`GUESS`,
-on the high side) and becomes the mean of what the run measured as soon as there is one,
-and the fraction is planned again as keys finish (`Coverage`), so the keys left take what
-an early estimate got wrong either way.
+Per-config cost: a host part (check, graph capture, bookkeeping) of a config whose
+binaries the measuring process holds already, plus the GPU part of its timing, estimated
+from the key's bytes (`gpu_seconds`). Per-load cost: what a binary's first use in the
+measuring process adds to its config (Triton loads it: 25-40 ms on the H200, three times
+a config's own cost; binaries are shared between keys and configs, so late in a run most
+configs load none, and one mean over all configs prices them too high). Each starts from
+a guess (`GUESS`, on the high side) and becomes the mean of what the run measured as soon
+as there is one, and the fraction is planned again as keys finish (`Coverage`), so the
+keys left take what an early estimate got wrong either way.
 
 Keys already measured are planned too, as a key's shortfall: at fraction f a finished key
 whose measured prefix of its order is shorter than f of its grid still owes those configs
@@ -40,8 +45,8 @@ import time
 
 from .search import fraction_configs
 
-GUESS = {"cuda": {"config_s": 0.010, "key_s": 0.5, "binary_s": 1.0},
-         "cpu": {"config_s": 1.0, "key_s": 3.0, "binary_s": 0.0}}
+GUESS = {"cuda": {"config_s": 0.010, "key_s": 0.5, "binary_s": 1.0, "load_s": 0.04},
+         "cpu": {"config_s": 1.0, "key_s": 3.0, "binary_s": 0.0, "load_s": 0.0}}
 RESERVE_S = 8.0            # the end of a run: the last table, the report, the exit
 BANDWIDTH = 2.5e12         # bytes/s a timed kernel is taken to move (the GPU part)
 FRACTIONS = [i / 20 for i in range(20, -1, -1)]   # 1.0, 0.95, ..., 0.05, 0 (one config)
@@ -63,7 +68,10 @@ class CostModel:
         g = GUESS[kind]
         self.kind, self.workers = kind, workers
         self.guess = dict(g)
-        self.host_s: list[float] = []      # per config, less its GPU estimate
+        self.host_s: list[float] = []      # per config that loaded no binary, less its
+                                           # GPU estimate
+        self.loaded_host: list[tuple[float, int]] = []   # (the same, binaries loaded) of
+                                                         # the others
         self.key_s: list[float] = []
         self.binary_mean: float | None = None
 
@@ -76,11 +84,26 @@ class CostModel:
     def per_binary(self) -> float:
         return self.binary_mean if self.binary_mean is not None else self.guess["binary_s"]
 
+    def per_load(self) -> float:
+        """What a binary's first use adds to its config's host time: the configs that
+        loaded binaries, over the per-config cost, shared by the binaries they loaded."""
+        if not self.loaded_host:
+            return self.guess.get("load_s", 0.0)
+        extra = sum(h for h, _ in self.loaded_host) - \
+            len(self.loaded_host) * self.per_config_host()
+        return max(0.0, extra / sum(n for _, n in self.loaded_host))
+
     def config_s(self, gpu_s: float) -> float:
         return self.per_config_host() + gpu_s
 
-    def observe_config(self, seconds: float, gpu_s: float) -> None:
-        self.host_s.append(max(0.0, seconds - gpu_s))
+    def observe_config(self, seconds: float, gpu_s: float, loads: int = 0) -> None:
+        """A measured config: its seconds, its GPU estimate and how many binaries its
+        check loaded into the measuring process."""
+        host = max(0.0, seconds - gpu_s)
+        if loads > 0:
+            self.loaded_host.append((host, loads))
+        else:
+            self.host_s.append(host)
 
     def observe_key(self, seconds: float) -> None:
         self.key_s.append(seconds)
@@ -91,9 +114,12 @@ class CostModel:
 
     def as_dict(self) -> dict:
         return {"per_config_host_s": round(self.per_config_host(), 4),
+                "per_load_s": round(self.per_load(), 4),
                 "per_key_s": round(self.per_key(), 3),
                 "per_binary_s": round(self.per_binary(), 3), "workers": self.workers,
-                "measured": {"configs": len(self.host_s), "keys": len(self.key_s)}}
+                "measured": {"configs": len(self.host_s) + len(self.loaded_host),
+                             "configs_loading": len(self.loaded_host),
+                             "keys": len(self.key_s)}}
 
 
 class OrderBins(list):
@@ -123,7 +149,9 @@ class Coverage:
     many of the first n configs of its order the store holds already, GPU seconds of one
     of its configs, the binaries of its order's configs as a list of sets[, finished]);
     a finished key costs nothing where it holds the fraction's configs already.
-    `compiled(bid)` says whether a binary needs no more compiling (None: none does)."""
+    `compiled(bid)` says whether a binary needs no more compiling (None: none does);
+    `loaded` is the set of binaries the measuring process holds (None: loads are not
+    priced)."""
 
     def __init__(self, budget_s: float | None, started: float, model: CostModel, *,
                  cap: int | None = None, exhaustive: bool = False, clock=time.monotonic):
@@ -136,7 +164,7 @@ class Coverage:
     def left(self) -> float:
         return math.inf if self.end is None else self.end - self.clock()
 
-    def estimate(self, jobs, fraction: float, compiled) -> float:
+    def estimate(self, jobs, fraction: float, compiled, loaded=None) -> float:
         m = self.model
         conf_s, bins, keys = 0.0, set(), 0
         for grid, done, gpu_s, order_bins, *finished in jobs:
@@ -146,18 +174,20 @@ class Coverage:
                 continue
             keys += 1
             conf_s += owed * m.config_s(gpu_s)
-            if compiled is not None:
+            if compiled is not None or loaded is not None:
                 bins.update(prefix_bins(order_bins, n))
         if not keys:
             return RESERVE_S
         todo = sum(1 for b in bins if not compiled(b)) if compiled is not None else 0
+        if loaded is not None:
+            conf_s += m.per_load() * len(bins.difference(loaded))
         main_s = keys * m.per_key() + conf_s
         if not m.workers or not todo:
             return main_s + RESERVE_S
         comp_s = todo * m.per_binary() / m.workers + m.per_key() + conf_s / keys
         return max(main_s, comp_s) + RESERVE_S
 
-    def plan(self, jobs, compiled) -> float:
+    def plan(self, jobs, compiled, loaded=None) -> float:
         """The largest fraction in FRACTIONS whose estimate fits the time left (1.0
         without a budget or with --exhaustive; 0, one config a key, when none fits)."""
         jobs = list(jobs)
@@ -166,16 +196,16 @@ class Coverage:
         else:
             left = self.left()
             lo, hi = 0, len(FRACTIONS) - 1          # FRACTIONS falls: find the first fit
-            if self.estimate(jobs, FRACTIONS[hi], compiled) > left:
+            if self.estimate(jobs, FRACTIONS[hi], compiled, loaded) > left:
                 lo = hi
             while lo < hi:
                 mid = (lo + hi) // 2
-                if self.estimate(jobs, FRACTIONS[mid], compiled) <= left:
+                if self.estimate(jobs, FRACTIONS[mid], compiled, loaded) <= left:
                     hi = mid
                 else:
                     lo = mid + 1
             f = FRACTIONS[lo]
-            est = self.estimate(jobs, f, compiled)
+            est = self.estimate(jobs, f, compiled, loaded)
         self.fraction = f
         self.history.append((round(self.clock() - self.started, 1), f,
                              None if est is None else round(est, 1)))

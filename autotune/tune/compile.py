@@ -107,17 +107,20 @@ def probe(run, inputs, configs: list[dict]) -> tuple[dict, dict]:
 
 class LoadWatch:
     """Counts, in the measuring process, the binaries Triton loads or compiles (its
-    in-memory cache missed) and those of them the pool had not compiled."""
+    in-memory cache missed) and those of them the pool had not compiled, and keeps their
+    ids (the budget prices a binary's first use)."""
 
     def __init__(self, pool: "CompilePool | None"):
         self.pool = pool
         self.loads = 0
         self.misses = 0
+        self.loaded: set[str] = set()
         self._ctx = _hooked(self)
 
     def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         self.loads += 1
         bid = binary_id(fn.module, fn.name, key)
+        self.loaded.add(bid)
         if self.pool is None or not self.pool.compiled(bid):
             self.misses += 1
         return None

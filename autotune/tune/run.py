@@ -175,7 +175,8 @@ class Session:
             compiled = self.pool.compiled if self.pool is not None and self.pool.left() \
                 else None
             before = cov.fraction if cov.history else None
-            f = cov.plan(self.planning_view(jobs, finished), compiled)
+            loaded = self.watch.loaded if self.cuda else None
+            f = cov.plan(self.planning_view(jobs, finished), compiled, loaded)
             if f != before:
                 self.prioritize(jobs, cov.limit)
         return f
@@ -230,15 +231,17 @@ class Session:
                     trial, cfg = ks.ask()
                 t0 = time.monotonic()
                 before = self.costs.before()
+                loads = self.watch.loads
                 out = m.evaluate(cfg)
                 dt = time.monotonic() - t0
                 self.costs.after(before)
+                loads = self.watch.loads - loads
                 if not paced and out.status == "ok":
                     m.pace(out.value)
                     paced = True
                 with ph("search"):
                     self.store.add(job.study, ks.tell(trial, cfg, out))
-                self.model.observe_config(dt, gpu_s)
+                self.model.observe_config(dt, gpu_s, loads)
                 cfg_s += dt
                 if on_trial is not None:
                     on_trial(job, cfg, out)
