@@ -55,9 +55,9 @@ configs are fast), else chain_verify's heuristic; for draft_extend its own table
 `sglang_draft_extend` (`EXTEND_TUNING`: draft_tail's space, heuristic and keys, timed on
 this launch, which has no token map, positions or column; tuned on request, `make tune
 TUNE_ARGS="--recipe sglang_draft_extend"`), else, and always with DSA rows, draft_tail's
-heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its
-dispatch. Outputs never depend on the config. The epilogue launch is held to the plain
-kernel's registers where that compiles without spills (`recipes._registers`).
+heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its dispatch. Outputs
+never depend on the config. The epilogue launch is held to the plain kernel's registers
+where that compiles without spills (`recipes._registers`).
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
