@@ -5,6 +5,9 @@
 #
 #   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)            (~3-5 min)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
+#   fresh     the same as a new GPU meets it: no table, an empty Triton cache, into a
+#             temporary results root; only its report and log are kept, as
+#             results/<gpu>/tune-report.json and logs/fresh-tune.log (the tables stay)
 #   retune    python -m autotune tune of $RETUNE_RECIPES alone (comma-separated), into a
 #             fresh store within RETUNE_BUDGET_S s (default 200): their tables replace
 #             those in results/<gpu>/, the run's report and log go to
@@ -99,6 +102,17 @@ for step in "${steps[@]}"; do
     tune)
       run_step tune "$PY" -m autotune tune ${TUNE_ARGS:---no-progress} || status=1
       wrote_results=1 ;;
+    fresh)
+      froot=$(mktemp -d)
+      if TRITON_CACHE_DIR=$(mktemp -d) run_step fresh "$PY" -m autotune tune \
+          --results "$froot" ${TUNE_ARGS:---no-progress}
+      then
+        mkdir -p "$results/logs"
+        cp "$froot/$slug/tune-report.json" "$results/tune-report.json" || status=1
+        cp "$out/fresh.log" "$results/logs/fresh-tune.log"
+      else status=1
+      fi
+      wrote_results=1 ;;
     retune)
       [ -n "${RETUNE_RECIPES:-}" ] || { echo "gpu_pass: retune needs RETUNE_RECIPES" >&2; exit 2; }
       tag=${RETUNE_RECIPES//,/-}
@@ -153,7 +167,7 @@ for step in "${steps[@]}"; do
           | tee -a "$out/summary.txt"; status=1
       fi
       wrote_results=1 ;;
-    *) echo "gpu_pass: unknown step $step (test tune retune quality bench bench1 bench2" \
+    *) echo "gpu_pass: unknown step $step (test tune fresh retune quality bench bench1 bench2" \
             "example stages costs targets)" >&2
        exit 2 ;;
   esac
