@@ -166,6 +166,7 @@ class Coverage:
 
     def estimate(self, jobs, fraction: float, compiled, loaded=None) -> float:
         m = self.model
+        host = m.per_config_host()     # a mean over every config measured: once, not a key
         conf_s, bins, keys = 0.0, set(), 0
         for grid, done, gpu_s, order_bins, *finished in jobs:
             n = fraction_configs(grid, fraction, self.cap)
@@ -173,7 +174,7 @@ class Coverage:
             if finished and finished[0] and not owed:
                 continue
             keys += 1
-            conf_s += owed * m.config_s(gpu_s)
+            conf_s += owed * (host + gpu_s)
             if compiled is not None or loaded is not None:
                 bins.update(prefix_bins(order_bins, n))
         if not keys:
