@@ -147,7 +147,8 @@ class ConfigCosts:
         s = self.phases.seconds
         return s["check"], s["timing"], self.watch.loads, busy
 
-    def after(self, before: tuple) -> None:
+    def after(self, before: tuple) -> int:
+        """Books the config's seconds; returns how many binaries its check loaded."""
         check, timing, loads, busy = before
         tag = ("loaded" if self.watch.loads > loads else "cached") + \
             (" while compiling" if busy else "")
@@ -156,6 +157,7 @@ class ConfigCosts:
         row[0] += 1
         row[1] += s["check"] - check
         row[2] += s["timing"] - timing
+        return self.watch.loads - loads
 
     def report(self) -> dict:
         """{tag: {"configs", "check_ms", "timing_ms"}} (means a config)."""

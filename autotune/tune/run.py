@@ -231,11 +231,9 @@ class Session:
                     trial, cfg = ks.ask()
                 t0 = time.monotonic()
                 before = self.costs.before()
-                loads = self.watch.loads
                 out = m.evaluate(cfg)
                 dt = time.monotonic() - t0
-                self.costs.after(before)
-                loads = self.watch.loads - loads
+                loads = self.costs.after(before)
                 if not paced and out.status == "ok":
                     m.pace(out.value)
                     paced = True
