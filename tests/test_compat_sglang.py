@@ -15,6 +15,7 @@ for bit, for every config, with every output poisoned beforehand.
 """
 import importlib
 import inspect
+import json
 
 import pytest
 import torch
@@ -497,6 +498,65 @@ def test_verify_epilogue_keeps_the_plain_kernels_registers(device, monkeypatch, 
     ours._init_handles()
     assert ours.n_regs <= base.n_regs, (cfg, ours.n_regs, base.n_regs)
     assert ours.n_spills == 0, (cfg, ours.n_spills)
+
+
+class _FakeKernel:
+    """A kernel whose `warmup` gives binaries of the register counts named by `regs`
+    (keyed by SGLANG and maxnreg), or None where `regs` is None (a probe skipped it)."""
+
+    def __init__(self, regs, spills=0):
+        self.regs, self.spills, self.calls = regs, spills, []
+
+    def warmup(self, *args, grid, **meta):
+        self.calls.append(meta)
+        if self.regs is None:
+            return None
+        n = self.regs[(meta["SGLANG"], meta.get("maxnreg"))]
+        return type("Bin", (), {"n_regs": n, "n_spills": self.spills if "maxnreg" in meta
+                                else 0, "_init_handles": lambda self: None})()
+
+
+def test_register_cap_rules():
+    """`register_cap`: the plain variant's registers where the epilogue takes more and
+    the capped compile does not spill; no cap where it takes no more or the cap spills;
+    PROBED (nothing known, nothing cached) where a compile probe skipped the compile."""
+    from recipes._registers import PROBED, register_cap
+
+    meta, plain = {"SGLANG": True, "BLOCK_V": 1024}, {"SGLANG": False}
+    regs = {(False, None): 32, (True, None): 38, (True, 32): 32}
+    assert register_cap(_FakeKernel(regs), (1,), meta, plain) == 32
+    assert register_cap(_FakeKernel(regs, spills=4), (1,), meta, plain) is None
+    same = {(False, None): 32, (True, None): 32}
+    k = _FakeKernel(same)
+    assert register_cap(k, (1,), meta, plain) is None and len(k.calls) == 2
+    probed = _FakeKernel(None)
+    assert register_cap(probed, (1,), meta, plain) is PROBED
+    assert [c["SGLANG"] for c in probed.calls] == [False, True]
+
+
+def test_verify_probe_sees_both_variants(device):
+    """The tuner's compile probe (Triton compiles nothing, `warmup` returns None) runs
+    the adapter's launcher through: each config records the plain variant (the cap's
+    measure) and the variant it launches, so the compile pool builds both."""
+    from autotune.tune.compile import probe
+
+    t = S.TUNING
+    key = t.default_keys("smoke")[0]
+    configs = t.configs(key)[:4]
+    per, binaries = probe(t.run, t.make_inputs(key, device, 0), configs)
+    if device.type != "cuda":                 # the interpreter compiles nothing to probe
+        assert not binaries
+        return
+    assert all(len(ids) == 2 for ids in per.values()), per
+    at = [CV._verify_kernel.arg_names.index("SGLANG")]
+
+    def sglang(b):
+        spec = json.loads(b.spec)
+        keys = map(tuple, spec["constant_keys"])
+        return dict(zip(keys, spec["constant_vals"], strict=True))[tuple(at)]
+
+    for ids in per.values():
+        assert sorted(sglang(binaries[i]) for i in ids) == [False, True]
 
 
 def test_draft_extend_dispatches_on_its_own_table(device):
