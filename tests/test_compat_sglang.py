@@ -16,6 +16,7 @@ for bit, for every config, with every output poisoned beforehand.
 import importlib
 import inspect
 import json
+import os
 
 import pytest
 import torch
@@ -534,29 +535,45 @@ def test_register_cap_rules():
     assert [c["SGLANG"] for c in probed.calls] == [False, True]
 
 
+_PROBE_SCRIPT = """
+import json, sys, torch
+from autotune.tune.compile import probe
+from recipes.chain_verify import _verify_kernel
+from recipes.compat import sglang as S
+t, dev = S.TUNING, torch.device("cuda")
+key = t.default_keys("smoke")[0]
+per, binaries = probe(t.run, t.make_inputs(key, dev, 0), t.configs(key)[:4])
+at = (_verify_kernel.arg_names.index("SGLANG"),)
+def sglang(b):
+    spec = json.loads(b.spec)
+    return dict(zip(map(tuple, spec["constant_keys"]), spec["constant_vals"]))[at]
+print(json.dumps([sorted(sglang(binaries[i]) for i in ids) for ids in per.values()]))
+"""
+
+
 def test_verify_probe_sees_both_variants(device):
     """The tuner's compile probe (Triton compiles nothing, `warmup` returns None) runs
     the adapter's launcher through: each config records the plain variant (the cap's
-    measure) and the variant it launches, so the compile pool builds both."""
-    from autotune.tune.compile import probe
+    measure) and the variant it launches, so the compile pool builds both. In a fresh
+    process, as a tune probes: binaries this one loaded would not be compiled again."""
+    import subprocess
+    import sys
 
-    t = S.TUNING
-    key = t.default_keys("smoke")[0]
-    configs = t.configs(key)[:4]
-    per, binaries = probe(t.run, t.make_inputs(key, device, 0), configs)
     if device.type != "cuda":                 # the interpreter compiles nothing to probe
-        assert not binaries
+        from autotune.tune.compile import probe
+        t = S.TUNING
+        key = t.default_keys("smoke")[0]
+        per, binaries = probe(t.run, t.make_inputs(key, device, 0), t.configs(key)[:2])
+        assert not binaries and len(per) == 2
         return
-    assert all(len(ids) == 2 for ids in per.values()), per
-    at = [CV._verify_kernel.arg_names.index("SGLANG")]
-
-    def sglang(b):
-        spec = json.loads(b.spec)
-        keys = map(tuple, spec["constant_keys"])
-        return dict(zip(keys, spec["constant_vals"], strict=True))[tuple(at)]
-
-    for ids in per.values():
-        assert sorted(sglang(binaries[i]) for i in ids) == [False, True]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _PROBE_SCRIPT], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    per = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(per) == 4 and all(v == [False, True] for v in per), per
 
 
 def test_draft_extend_dispatches_on_its_own_table(device):
