@@ -29,6 +29,8 @@ def test_pool_compiles_what_the_measuring_side_then_loads(tmp_path):
     assert out["loads"] == out["binaries"] and out["misses"] == 0
     assert out["loaded_are_probed"]          # the ids the budget prices loads by
     assert out["new_files"] == [], "the measuring side compiled instead of loading"
+    assert out["extra_misses"] == 1
+    assert out["missed_kernels"] == {next(iter(out["per"].values()))[0].split(":")[0]: 1}
 
 
 class _Executor:
@@ -89,25 +91,29 @@ def test_a_launcher_that_cannot_be_built_leaves_the_binary_compiled(monkeypatch)
 
 def test_config_costs_split_by_load_and_by_the_pool_compiling():
     """Each config's check and timing seconds land under whether its check loaded a
-    binary and whether the pool still had binaries to compile."""
+    binary and whether the pool still had binaries to compile, and under its recipe."""
     import types
     phases = Phases()
     watch = types.SimpleNamespace(loads=0)
     pool = types.SimpleNamespace(left=lambda: 3)
     costs = ConfigCosts(phases, watch, pool)
-    for loads, check, timing, left in [(1, 0.05, 0.01, 3), (0, 0.002, 0.008, 3),
-                                       (0, 0.004, 0.012, 0)]:
+    for loads, check, timing, left, recipe in [(1, 0.05, 0.01, 3, "relay"),
+                                               (0, 0.002, 0.008, 3, "argmax"),
+                                               (0, 0.004, 0.012, 0, "relay")]:
         pool.left = lambda n=left: n
         b = costs.before()
         watch.loads += loads
         phases.add("check", check)
         phases.add("timing", timing)
         phases.add("search", 1.0)           # not a config's check or timing
-        costs.after(b)
+        assert costs.after(b, recipe) == loads
     assert costs.report() == {
         "cached": {"configs": 1, "check_ms": 4.0, "timing_ms": 12.0},
         "cached while compiling": {"configs": 1, "check_ms": 2.0, "timing_ms": 8.0},
         "loaded while compiling": {"configs": 1, "check_ms": 50.0, "timing_ms": 10.0}}
+    assert costs.report_recipes() == {
+        "argmax": {"configs": 1, "check_ms": 2.0, "timing_ms": 8.0, "loads": 0},
+        "relay": {"configs": 2, "check_ms": 27.0, "timing_ms": 11.0, "loads": 1}}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a real tune with the compile pool needs a GPU")
@@ -130,6 +136,8 @@ def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
     assert k["measured"] == k["admitted"] and pool["failed"] == 0
     assert pool["compiled"] + pool["from_cache"] == pool["binaries"] > 0
     assert comp["compiled_in_process"] == 0 and comp["loaded"] == pool["binaries"]
+    assert comp["compiled_in_process_by_kernel"] == {}
+    assert comp["config_costs_by_recipe"]["argmax"]["configs"] == k["measured"]
     split = comp["config_costs"]
     assert sum(v["configs"] for v in split.values()) == k["measured"]
     assert set(split) <= {"loaded", "cached", "loaded while compiling",

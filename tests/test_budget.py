@@ -31,6 +31,7 @@ def _jobs(grids, bins_per_config=1, shared=False, gpu_s=0.0):
 def _model(config_s=0.01, key_s=0.5, binary_s=1.0, workers=10):
     m = CostModel("cuda", workers)
     m.guess = {"config_s": config_s, "key_s": key_s, "binary_s": binary_s}
+    m.prior = {}                      # the measured means alone (test_guess_weighs_in)
     return m
 
 
@@ -115,6 +116,28 @@ def test_a_configs_cost_leaves_out_the_binaries_it_loaded():
     d = m.as_dict()
     assert d["measured"]["configs"] == 16 and d["measured"]["configs_loading"] == 6
     assert d["per_load_s"] == pytest.approx(0.03)
+
+
+def test_guess_weighs_in_until_measurements_outweigh_it():
+    """On a GPU each guess counts as PRIOR measurements: one cheap first key moves the
+    per-key cost a little, hundreds of keys set it."""
+    from autotune.tune.budget import GUESS, PRIOR
+    m = CostModel("cuda", 15)
+    g, w = GUESS["cuda"], PRIOR["cuda"]
+    assert m.per_key() == g["key_s"] and m.per_config_host() == g["config_s"]
+    m.observe_key(0.05)
+    assert m.per_key() == pytest.approx((0.05 + w["key_s"] * g["key_s"]) / (1 + w["key_s"]))
+    assert m.per_key() > 0.8 * g["key_s"]
+    for _ in range(400):
+        m.observe_key(0.25)
+    assert m.per_key() == pytest.approx(0.25, rel=0.02)
+    m.observe_config(0.012, 0.0)
+    m.observe_config(0.052, 0.0, loads=1)
+    expect_host = (0.012 + w["config_s"] * g["config_s"]) / (1 + w["config_s"])
+    assert m.per_config_host() == pytest.approx(expect_host)
+    assert m.per_load() == pytest.approx(
+        (0.052 - expect_host + w["load_s"] * g["load_s"]) / (1 + w["load_s"]))
+    assert CostModel("cpu", 0).prior == {}          # the interpreter's guesses are rough
 
 
 def test_coverage_falls_evenly_with_the_budget():

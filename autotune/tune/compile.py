@@ -114,6 +114,7 @@ class LoadWatch:
         self.pool = pool
         self.loads = 0
         self.misses = 0
+        self.missed_kernels: dict = {}    # "module.kernel" -> binaries compiled here
         self.loaded: set[str] = set()
         self._ctx = _hooked(self)
 
@@ -123,6 +124,8 @@ class LoadWatch:
         self.loaded.add(bid)
         if self.pool is None or not self.pool.compiled(bid):
             self.misses += 1
+            name = f"{fn.module}.{fn.name}"
+            self.missed_kernels[name] = self.missed_kernels.get(name, 0) + 1
         return None
 
     def __enter__(self):
@@ -135,35 +138,48 @@ class LoadWatch:
 
 class ConfigCosts:
     """A measured config's check and timing seconds, split by whether its check loaded a
-    binary and whether the pool was still compiling: where a tune's per-config cost goes
-    (the tune report's `compile.config_costs`)."""
+    binary and whether the pool was still compiling, and by recipe: where a tune's
+    per-config cost goes (the tune report's `compile.config_costs` and
+    `compile.config_costs_by_recipe`)."""
 
     def __init__(self, phases, watch: LoadWatch, pool: "CompilePool | None"):
         self.phases, self.watch, self.pool = phases, watch, pool
         self.split: dict = {}        # tag -> [configs, check s, timing s]
+        self.recipes: dict = {}      # recipe -> [configs, check s, timing s, loads]
 
     def before(self) -> tuple:
         busy = self.pool is not None and self.pool.left() > 0
         s = self.phases.seconds
         return s["check"], s["timing"], self.watch.loads, busy
 
-    def after(self, before: tuple) -> int:
+    def after(self, before: tuple, recipe: str = "") -> int:
         """Books the config's seconds; returns how many binaries its check loaded."""
         check, timing, loads, busy = before
         tag = ("loaded" if self.watch.loads > loads else "cached") + \
             (" while compiling" if busy else "")
-        row = self.split.setdefault(tag, [0, 0.0, 0.0])
         s = self.phases.seconds
-        row[0] += 1
-        row[1] += s["check"] - check
-        row[2] += s["timing"] - timing
-        return self.watch.loads - loads
+        dc, dt, dl = s["check"] - check, s["timing"] - timing, self.watch.loads - loads
+        for row, extra in ((self.split.setdefault(tag, [0, 0.0, 0.0]), ()),
+                           (self.recipes.setdefault(recipe, [0, 0.0, 0.0, 0]), (dl,))):
+            row[0] += 1
+            row[1] += dc
+            row[2] += dt
+            if extra:
+                row[3] += dl
+        return dl
 
     def report(self) -> dict:
         """{tag: {"configs", "check_ms", "timing_ms"}} (means a config)."""
         return {tag: {"configs": n, "check_ms": round(1e3 * c / n, 2),
                       "timing_ms": round(1e3 * t / n, 2)}
                 for tag, (n, c, t) in sorted(self.split.items())}
+
+    def report_recipes(self) -> dict:
+        """{recipe: {"configs", "check_ms", "timing_ms", "loads"}} (means a config; loads
+        in all)."""
+        return {r: {"configs": n, "check_ms": round(1e3 * c / n, 2),
+                    "timing_ms": round(1e3 * t / n, 2), "loads": ld}
+                for r, (n, c, t, ld) in sorted(self.recipes.items())}
 
 
 # --- the worker processes ------------------------------------------------------------

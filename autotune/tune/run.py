@@ -233,7 +233,7 @@ class Session:
                 before = self.costs.before()
                 out = m.evaluate(cfg)
                 dt = time.monotonic() - t0
-                loads = self.costs.after(before)
+                loads = self.costs.after(before, job.tunable.name)
                 if not paced and out.status == "ok":
                     m.pace(out.value)
                     paced = True
@@ -252,7 +252,9 @@ class Session:
     def compile_report(self) -> dict:
         out = {"pool": None, "loaded": self.watch.loads,
                "compiled_in_process": self.watch.misses,
-               "config_costs": self.costs.report()}
+               "compiled_in_process_by_kernel": dict(sorted(self.watch.missed_kernels.items())),
+               "config_costs": self.costs.report(),
+               "config_costs_by_recipe": self.costs.report_recipes()}
         if self.pool is not None:
             s = self.pool.stats
             out["pool"] = {"workers": s.workers, "binaries": s.probed,
