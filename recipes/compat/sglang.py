@@ -108,7 +108,6 @@ from ..draft_tail import TUNING as DRAFT_TAIL_TUNING
 from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
 from ..draft_tail import constraint as tail_constraint
 from ..draft_tail import heuristic as tail_heuristic
-from ..draft_tail import make_inputs as tail_inputs
 from ..draft_tail import reference as tail_reference
 from ..draft_tail import tune_key as tail_key
 from ..relay import FIELD_DTYPES
@@ -440,18 +439,14 @@ def draft_extend_reference(next_token_logits: torch.Tensor, row_indices: torch.T
 
 
 def _extend_inputs(key: dict, device: torch.device, seed: int) -> tuple:
-    """draft_tail's inputs for the key in SGLang's arguments (logits [2B, Vd] with planted
-    ties, B rows selected out of order, hidden rows), and `out=`: the outputs
-    preallocated and poisoned (a check must write them), so each rotated input set
-    writes its own buffers, as an engine's step does."""
-    inp = tail_inputs(key, device, seed)
-    x, hid, B = inp["logits"], inp["hidden"], key["B"]
-    out = (torch.full((B, 1), float("nan"), dtype=torch.float32, device=device),
-           torch.full((B, 1), -7, dtype=torch.int64, device=device),
-           None if hid is None else torch.full((B, hid.shape[1]), float("nan"),
-                                               dtype=hid.dtype, device=device),
-           None)
-    return x, inp["rows"], hid, out
+    """draft_tail's tuning inputs for the key in SGLang's arguments (logits [2B, Vd] with
+    planted ties, B rows selected out of order, hidden rows), and `out=`: draft_tail's
+    poisoned outputs (a check must write them) in SGLang's [B, 1] fields, so each rotated
+    input set writes its own buffers, as an engine's step does."""
+    inp = DRAFT_TAIL_TUNING.make_inputs(key, device, seed)
+    o = inp["out"]
+    out = (o.probs.unsqueeze(1), o.tokens.unsqueeze(1), o.hidden, None)
+    return inp["logits"], inp["rows"], inp["hidden"], out
 
 
 def _extend_run(inp: tuple, cfg: dict) -> tuple:
