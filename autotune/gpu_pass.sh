@@ -30,7 +30,8 @@
 #
 # Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
 # else ./gpu-pass): <step>.log, gpu.txt, summary.txt, and after a step that writes
-# results a tarball of results/<gpu> (tuning databases left out). --wheels DIR: wheels
+# results a tarball of results/<gpu> (tuning databases left out), made again before the
+# next step starts, so a pass cut short keeps what the finished steps wrote. --wheels DIR: wheels
 # (e.g. optuna and its dependencies, for a host without network) installed without an
 # index into a private folder put first on PYTHONPATH. The checkout itself is imported
 # from the repository root (PYTHONPATH), nothing is installed into the environment.
@@ -88,9 +89,18 @@ run_step() {  # name, command...: the command under the step limit, its log, a s
   return $rc
 }
 
+pack() {      # the results so far, tarred (again after each step: a later step that runs
+              # out of the caller's time keeps the earlier steps' results)
+  if [ -n "$wrote_results" ] && [ -d "$results" ]; then
+    tar czf "$out/results-$slug.tgz.tmp" --exclude='*.db*' --exclude='studies.journal*' \
+      "$results" && mv "$out/results-$slug.tgz.tmp" "$out/results-$slug.tgz"
+  fi
+}
+
 wrote_results=
 status=0
 for step in "${steps[@]}"; do
+  pack
   case $step in
     test)
       workers=()
@@ -172,7 +182,5 @@ for step in "${steps[@]}"; do
        exit 2 ;;
   esac
 done
-if [ -n "$wrote_results" ] && [ -d "$results" ]; then
-  tar czf "$out/results-$slug.tgz" --exclude='*.db*' --exclude='studies.journal*' "$results"
-fi
+pack
 exit $status

@@ -175,11 +175,16 @@ class _ScriptedMeasurer:
     def __init__(self, rounds):
         self.rounds = {k: list(v) for k, v in rounds.items()}
         self.cuda, self.final_reps, self.device = True, 5, torch.device("cpu")
+        self.log = []             # "time" and "relocate", in call order
+
+    def relocate(self):
+        self.log.append("relocate")
 
     def check(self, cfg, phase="check"):
         return True, None
 
     def time(self, cfg, reps, phase="timing"):
+        self.log.append("time")
         v = self.rounds[config_id(cfg)].pop(0)
         return Timing([v] * reps)
 
@@ -214,6 +219,25 @@ def test_final_rule_keeps_the_heuristic_unless_beaten_beyond_noise(fake, best, h
     assert {k: e["config"][k] for k in fake.SPACE} == (b if chosen == "search" else h)
     assert e["best_config"] == b and e["heuristic_p50_us"] == pytest.approx(
         sorted(heur)[1])
+    # each round after the first on input sets at new addresses
+    assert m.log == ["time", "time", "relocate"] * 2 + ["time", "time"]
+
+
+def test_relocate_moves_every_input_set_and_keeps_it():
+    """`Measurer.relocate`: the same values and strides at other addresses."""
+    from autotune.tune.measure import Measurer, tensors
+    from recipes.tuning import get
+
+    t = get("draft_tail")
+    key = t.default_keys("smoke")[0]
+    m = Measurer(t, key, torch.device("cpu"))
+    before = [list(tensors(s)) for s in m.states]
+    m.relocate()
+    for old, new in zip(before, [list(tensors(s)) for s in m.states], strict=True):
+        assert len(old) == len(new) > 0
+        for a, b in zip(old, new, strict=True):
+            assert a.data_ptr() != b.data_ptr() and a.stride() == b.stride()
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 @pytest.mark.parametrize("searched,chosen", [

@@ -187,6 +187,15 @@ class Measurer:
         self.unguarded += tm.guarded is False
         return tm
 
+    def relocate(self) -> None:
+        """Move the timed input sets to other addresses (copies made before the old sets
+        are freed, so none lands where it was). On the H200 a small kernel's time can
+        depend on where its inputs lie: draft_extend at B=1 Vd=151936 ran two configs
+        0.1-0.4 us apart in either order, by input placement and from one capture to
+        the next (`results/h200/logs/probe-draft_extend-placement.log`), and a tune
+        took one that the benchmark then ran slower than the heuristic."""
+        self.states = [clone(s) for s in self.states]
+
     def pace(self, us: float) -> None:
         """Size this key's replays from a config's per-call time (the heuristic's)."""
         if self.cuda and us > 0:

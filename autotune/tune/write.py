@@ -6,7 +6,9 @@ An entry's config is the heuristic's unless the best config the search measured 
 beyond the noise of the same run (a heuristic the constraint rejects gets no entry: the
 key keeps it through dispatch's fallback): the best `top` configs, the heuristic's and
 the config the table being rewritten holds for the key are re-checked and re-timed
-together, in `ROUNDS` interleaved rounds (drift hits them alike). The best beats the
+together, in `ROUNDS` interleaved rounds (drift hits them alike), each round on input
+sets at new addresses (`Measurer.relocate`: a gain that holds at one placement only is
+no gain). The best beats the
 heuristic when it is faster in every round and its gain on the median of all rounds is
 larger than the noise, the largest spread of the round medians of either config, and at
 least dispatch's `MIN_GAIN` (2%: smaller gains do not survive another process's timing),
@@ -72,7 +74,9 @@ def finalize(job: Job, m: Measurer, results: dict, *, top: int, planned: int,
                 f"{err or 'outputs differ from the reference'}")
     rounds = ROUNDS["cuda" if m.cuda else "cpu"]
     per_round = {config_id(c): [] for c, _ in live}
-    for _ in range(rounds):               # interleaved, so drift hits every candidate alike
+    for r in range(rounds):               # interleaved, so drift hits every candidate alike
+        if r:
+            m.relocate()
         for c, _src in list(live):
             cid = config_id(c)
             try:
