@@ -118,6 +118,15 @@ def tune_report_text(root, slug: str) -> list[str]:
         out.append("   a config: " + "; ".join(
             f"{tag} {c['check_ms']:.2f} ms check + {c['timing_ms']:.2f} ms timing "
             f"({c['configs']})" for tag, c in costs.items()))
+    by_recipe = comp.get("config_costs_by_recipe") or {}
+    if by_recipe:
+        out.append("   by recipe: " + "; ".join(
+            f"{r} {c['check_ms'] + c['timing_ms']:.1f} ms ({c['configs']}, {c['loads']} "
+            "loads)" for r, c in by_recipe.items()))
+    missed = comp.get("compiled_in_process_by_kernel") or {}
+    if missed:
+        out.append("   compiled in the measuring process: " + ", ".join(
+            f"{k} {n}" for k, n in missed.items()))
     return out
 
 

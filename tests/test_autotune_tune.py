@@ -770,20 +770,27 @@ def test_measuring_follows_the_compile_pool(tmp_path, fake, monkeypatch):
 
 def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
     """`python -m autotune show`'s report lines: how many keys reached half their grid
-    (the coverage target) and what a config cost, split as the tune measured it."""
+    (the coverage target), what a config cost, split as the tune measured it and by
+    recipe, and the binaries the measuring process compiled itself, by kernel."""
     from autotune.views import tune_report_text
     rep = {"date": "d", "complete": True, "wall_s": 1.0, "budget_s": 2.0, "keys_planned": 3,
            "configs_measured": 9,
            "keys": [{"measured": 1, "admitted": 4}, {"measured": 2, "admitted": 4},
                     {"measured": 6, "admitted": 6}],
-           "compile": {"pool": None, "loaded": 2, "compiled_in_process": 0,
+           "compile": {"pool": None, "loaded": 2, "compiled_in_process": 1,
                        "config_costs": {"cached": {"configs": 7, "check_ms": 1.25,
-                                                   "timing_ms": 11.5}}}}
+                                                   "timing_ms": 11.5}},
+                       "config_costs_by_recipe": {"relay": {
+                           "configs": 9, "check_ms": 150.0, "timing_ms": 20.25,
+                           "loads": 2}},
+                       "compiled_in_process_by_kernel": {"recipes.relay._relay_kernel": 1}}}
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "tune-report.json").write_text(json.dumps(rep))
     text = "\n".join(tune_report_text(tmp_path, "g"))
     assert "(2 keys not measured in full, 2 at half or more)" in text
     assert "a config: cached 1.25 ms check + 11.50 ms timing (7)" in text
+    assert "by recipe: relay 170.2 ms (9, 2 loads)" in text
+    assert "compiled in the measuring process: recipes.relay._relay_kernel 1" in text
 
 
 def test_quality_retimes_the_optimum_and_the_picks(fake):
