@@ -31,9 +31,9 @@
 # Run from the repository root. Logs go to DIR (--out, else $GPU_PASS_OUT, else $OUT,
 # else ./gpu-pass): <step>.log, gpu.txt, summary.txt, and after a step that writes
 # results a tarball of results/<gpu> (tuning databases left out), made again before the
-# next step starts, so a pass cut short keeps what the finished steps wrote. --wheels DIR: wheels
-# (e.g. optuna and its dependencies, for a host without network) installed without an
-# index into a private folder put first on PYTHONPATH. The checkout itself is imported
+# next step starts, so a pass cut short keeps what the finished steps wrote. --wheels
+# DIR: wheels (e.g. optuna and its dependencies, for a host without network) installed
+# without an index into a private folder put first on PYTHONPATH. The checkout itself is imported
 # from the repository root (PYTHONPATH), nothing is installed into the environment.
 # Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, EXAMPLE_ARGS, BENCH_ARGS
 # (extra arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS

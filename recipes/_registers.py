@@ -58,7 +58,6 @@ def register_cap(kernel, args: tuple, meta: dict, plain: dict):
     return base.n_regs if capped.n_spills == 0 else None
 
 
-
 def matching_cap(kernel, args: tuple, meta: dict, plain: dict, device: torch.device):
     """`maxnreg` for `kernel[grid](*args, **meta)` so that it uses no more registers than
     the same launch with `plain` laid over `meta` (the variant the caller's tuned table

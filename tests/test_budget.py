@@ -198,7 +198,7 @@ def test_the_gpu_part_of_a_config_counts():
     assert gpu_seconds(100_000_000, 1, 20) == pytest.approx(25 * 5 * 42e-6)
     m = _model()
     m.observe_config(0.011, 0.002)
-    assert m.config_s(0.004) == pytest.approx(0.009 + 0.004)
+    assert m.per_config_host() == pytest.approx(0.009)      # the GPU part left out
 
 
 def test_pacer_starts_a_grid_only_if_it_fits():

@@ -106,9 +106,6 @@ class CostModel:
             len(self.loaded_host) * self.per_config_host()
         return max(0.0, self._mean("load_s", extra, sum(n for _, n in self.loaded_host)))
 
-    def config_s(self, gpu_s: float) -> float:
-        return self.per_config_host() + gpu_s
-
     def observe_config(self, seconds: float, gpu_s: float, loads: int = 0) -> None:
         """A measured config: its seconds, its GPU estimate and how many binaries its
         check loaded into the measuring process."""

@@ -144,8 +144,8 @@ class ConfigCosts:
 
     def __init__(self, phases, watch: LoadWatch, pool: "CompilePool | None"):
         self.phases, self.watch, self.pool = phases, watch, pool
-        self.split: dict = {}        # tag -> [configs, check s, timing s]
-        self.recipes: dict = {}      # recipe -> [configs, check s, timing s, loads]
+        self.split: dict = {}        # tag -> [configs, check s, timing s, loads]
+        self.recipes: dict = {}      # recipe -> the same
 
     def before(self) -> tuple:
         busy = self.pool is not None and self.pool.left() > 0
@@ -158,28 +158,26 @@ class ConfigCosts:
         tag = ("loaded" if self.watch.loads > loads else "cached") + \
             (" while compiling" if busy else "")
         s = self.phases.seconds
-        dc, dt, dl = s["check"] - check, s["timing"] - timing, self.watch.loads - loads
-        for row, extra in ((self.split.setdefault(tag, [0, 0.0, 0.0]), ()),
-                           (self.recipes.setdefault(recipe, [0, 0.0, 0.0, 0]), (dl,))):
-            row[0] += 1
-            row[1] += dc
-            row[2] += dt
-            if extra:
-                row[3] += dl
-        return dl
+        add = (1, s["check"] - check, s["timing"] - timing, self.watch.loads - loads)
+        for row in (self.split.setdefault(tag, [0, 0.0, 0.0, 0]),
+                    self.recipes.setdefault(recipe, [0, 0.0, 0.0, 0])):
+            row[:] = [a + b for a, b in zip(row, add, strict=True)]
+        return add[3]
+
+    @staticmethod
+    def _means(rows: dict, loads: bool) -> dict:
+        return {k: {"configs": n, "check_ms": round(1e3 * c / n, 2),
+                    "timing_ms": round(1e3 * t / n, 2), **({"loads": ld} if loads else {})}
+                for k, (n, c, t, ld) in sorted(rows.items())}
 
     def report(self) -> dict:
         """{tag: {"configs", "check_ms", "timing_ms"}} (means a config)."""
-        return {tag: {"configs": n, "check_ms": round(1e3 * c / n, 2),
-                      "timing_ms": round(1e3 * t / n, 2)}
-                for tag, (n, c, t) in sorted(self.split.items())}
+        return self._means(self.split, loads=False)
 
     def report_recipes(self) -> dict:
         """{recipe: {"configs", "check_ms", "timing_ms", "loads"}} (means a config; loads
         in all)."""
-        return {r: {"configs": n, "check_ms": round(1e3 * c / n, 2),
-                    "timing_ms": round(1e3 * t / n, 2), "loads": ld}
-                for r, (n, c, t, ld) in sorted(self.recipes.items())}
+        return self._means(self.recipes, loads=True)
 
 
 # --- the worker processes ------------------------------------------------------------
