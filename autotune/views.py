@@ -111,7 +111,8 @@ def tune_report_text(root, slug: str) -> list[str]:
         out.append(f"   compile pool: {pool['workers']} processes, {pool['binaries']} "
                    f"binaries ({pool['compiled']} compiled, {pool['from_cache']} from "
                    f"Triton's cache, {pool['failed']} failed), {pool['worker_s']} worker-s; "
-                   f"measuring process loaded {comp.get('loaded')}, compiled "
+                   f"measuring process loaded {comp.get('loaded')} "
+                   f"({comp.get('not_from_pool', '-')} not from the pool), compiled "
                    f"{comp.get('compiled_in_process')} itself")
     costs = comp.get("config_costs") or {}
     if costs:

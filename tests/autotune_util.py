@@ -35,12 +35,12 @@ def subprocess_env(**extra) -> dict:
 PY = sys.executable
 
 
-def compile_pool_check(cache_dir: str) -> dict:
+def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     """Run in a fresh process without the interpreter (`test_autotune_compile`): probe the
-    argmax smoke key's first configs for an sm_90 target with no GPU (the tuner's worker
-    driver, which only reports the target), compile them in a pool of two processes,
-    then load them the way the measuring process does (Triton's JIT with warmup=True:
-    compile or load, no launch). Returns what the test checks."""
+    `recipe`'s smoke key's first configs for an sm_90 target with no GPU (the tuner's
+    worker driver, which only reports the target), compile them in a pool of two
+    processes, then load them the way the measuring process does (Triton's JIT with
+    warmup=True: compile or load, no launch). Returns what the test checks."""
     import json
     import time as _time
 
@@ -56,13 +56,16 @@ def compile_pool_check(cache_dir: str) -> dict:
     from recipes import _common as C
     from recipes.tuning import all_tunings
     C.check_runnable = lambda *a, **k: None     # CPU tensors into the compiled launcher
-    t = next(x for x in all_tunings() if x.name == "argmax")
+    t = next(x for x in all_tunings() if x.name == recipe)
     cpu = torch.device("cpu")
     key = t.default_keys("smoke")[0]
+    if recipe == "relay":       # the smoke key's grid holds 2 configs: a default key
+        key = {**key, "B": 8, "width": 4096, "nfields": 5}
     grid = t.configs(key)[:3]
     per, bins = TC.probe(t.run, t.make_inputs(key, cpu, 0), grid)
-    other = {**key, "R": key["R"] * 2}           # R is no kernel argument: same binaries
-    per2, _ = TC.probe(t.run, t.make_inputs(other, cpu, 0), grid)
+    per2 = None
+    if recipe == "argmax":                       # R is no kernel argument: same binaries
+        per2, _ = TC.probe(t.run, t.make_inputs({**key, "R": key["R"] * 2}, cpu, 0), grid)
     pool = TC.CompilePool(2, target, 0, "recipes")
     pool.add(bins)
     pool.prioritize(list(bins))
@@ -91,6 +94,7 @@ def compile_pool_check(cache_dir: str) -> dict:
     out = {"configs": len(per), "binaries": len(bins), "per": per, "per2": per2,
            "compiled": stats.compiled + stats.cached, "failed": stats.failed,
            "errors": stats.errors, "loads": watch.loads, "misses": watch.misses,
+           "compiled_here": watch.compiled,
            "loaded_are_probed": watch.loaded == set(bins),
            "new_files": sorted(new)}
     # a config the pool never had: the measuring side compiles it, counted by kernel
@@ -104,5 +108,7 @@ def compile_pool_check(cache_dir: str) -> dict:
         JITFunction.run = orig
     out["extra_misses"] = watch.misses - out["misses"]
     out["missed_kernels"] = watch.missed_kernels
+    out["extra_compiled"] = watch.compiled - out["compiled_here"]
+    out["compiled_kernels"] = watch.compiled_kernels
     print(json.dumps(out))
     return out

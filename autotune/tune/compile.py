@@ -11,15 +11,16 @@ in-process compiles are bound to one core by the GIL).
    specialization and options), so configs and keys that launch the same binary share
    it: one compile, then timed at every key that runs it.
 2. Pool (`CompilePool`): `workers` spawned processes, each with a driver that only
-   reports the GPU's target (no CUDA context, no GPU memory), run
-   `JITFunction.preload(specialization data)`, which compiles into the on-disk cache
-   (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a second tune finds
-   its binaries there), and build the binary's C launcher into it too. Binaries go out
-   in the order the measuring process needs them: the planned configs of every key in
-   measurement order first, then the rest of the grids; a binary the measuring process
-   waits for goes to the front.
-3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded and those it
-   had to compile itself (the pool did not have them: disabled, failed or not yet done).
+   reports the GPU's target (no CUDA context, no GPU memory), run `preload` (Triton's
+   `JITFunction.preload` of the specialization data, tuples kept), which compiles into
+   the on-disk cache (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a
+   second tune finds its binaries there), and build the binary's C launcher into it
+   too. Binaries go out in the order the measuring process needs them: the planned
+   configs of every key in measurement order first, then the rest of the grids; a
+   binary the measuring process waits for goes to the front.
+3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded, those the
+   pool did not have (disabled, failed or not yet done), and those it compiled itself
+   (Triton's disk cache missed).
 
 The pool is an accelerator only: on any failure it stops with one message and the
 measuring process compiles in-process as before. A binary that fails to compile in a
@@ -107,16 +108,22 @@ def probe(run, inputs, configs: list[dict]) -> tuple[dict, dict]:
 
 class LoadWatch:
     """Counts, in the measuring process, the binaries Triton loads or compiles (its
-    in-memory cache missed) and those of them the pool had not compiled, and keeps their
-    ids (the budget prices a binary's first use)."""
+    in-memory cache missed) and keeps their ids (the budget prices a binary's first use);
+    those of them the pool had not compiled (`misses`); and, from Triton's compilation
+    listener, the binaries this process compiled because Triton's disk cache missed
+    (`compiled`), which is what a pool's binary under another hash than the launch's
+    shows up as."""
 
     def __init__(self, pool: "CompilePool | None"):
         self.pool = pool
         self.loads = 0
         self.misses = 0
-        self.missed_kernels: dict = {}    # "module.kernel" -> binaries compiled here
+        self.missed_kernels: dict = {}    # "module.kernel" -> binaries the pool lacked
+        self.compiled = 0
+        self.compiled_kernels: dict = {}  # "module.kernel" -> binaries compiled here
         self.loaded: set[str] = set()
         self._ctx = _hooked(self)
+        self._prev_listener = None
 
     def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         self.loads += 1
@@ -124,16 +131,34 @@ class LoadWatch:
         self.loaded.add(bid)
         if self.pool is None or not self.pool.compiled(bid):
             self.misses += 1
-            name = f"{fn.module}.{fn.name}"
-            self.missed_kernels[name] = self.missed_kernels.get(name, 0) + 1
+            _count(self.missed_kernels, f"{fn.module}.{fn.name}")
         return None
 
+    def _listen(self, *, src, metadata, metadata_group, times, cache_hit) -> None:
+        if not cache_hit:
+            self.compiled += 1
+            fn = getattr(src, "fn", None)
+            _count(self.compiled_kernels, f"{getattr(fn, 'module', '?')}."
+                   f"{getattr(src, 'name', '?')}")
+        if self._prev_listener is not None:
+            self._prev_listener(src=src, metadata=metadata, metadata_group=metadata_group,
+                                times=times, cache_hit=cache_hit)
+
     def __enter__(self):
+        from triton import knobs
         self._ctx.__enter__()
+        self._prev_listener = knobs.compilation.listener
+        knobs.compilation.listener = self._listen
         return self
 
     def __exit__(self, *exc):
+        from triton import knobs
+        knobs.compilation.listener = self._prev_listener
         self._ctx.__exit__(*exc)
+
+
+def _count(counts: dict, name: str) -> None:
+    counts[name] = counts.get(name, 0) + 1
 
 
 class ConfigCosts:
@@ -228,10 +253,44 @@ def _compile_task(module: str, qualname: str,
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
-        kernel = obj.preload(spec)
+        kernel = preload(obj, spec)
     except Exception as exc:  # noqa: BLE001 - the measuring process will see it too
         return time.monotonic() - t0, _text(exc), 0.0, None
     return time.monotonic() - t0, None, *_build_launcher(kernel)
+
+
+def preload(kernel, spec: str):
+    """`JITFunction.preload(spec)`, with tuple constants kept tuples. The specialization
+    data is JSON, which makes a tuple a list; Triton 3.6's preload turns the signature's
+    lists back into tuples but not the constexprs' (relay's RS and FBS), and the constants
+    enter the binary's cache hash as text: the pool's binary then lay under another hash
+    than the launch's, and the measuring process compiled each relay binary again. The
+    same steps as Triton's preload otherwise (its `_do_compile` included)."""
+    import json
+
+    import triton.language as tl
+    from triton.runtime import driver
+    from triton.runtime.jit import convert_to_tuple_if_list as tuples
+
+    d = json.loads(spec)
+    if d["name"] != kernel._fn_name:
+        raise RuntimeError(f"specialization data of {d['name']}, not of {kernel._fn_name}")
+    consts = {}
+    for k, v in zip(map(tuple, d["constant_keys"]), d["constant_vals"], strict=True):
+        if tl.dtype.is_dtype(v):
+            consts[k] = tl.dtype(v)
+        elif isinstance(v, dict) and "constexpr" in v:
+            consts[k] = tl.constexpr(tuples(v["constexpr"]))
+        else:
+            consts[k] = tuples(v)
+    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"], strict=True))
+    signature = {k: tuples(v) for k, v in d["signature"].items()}
+    device = driver.active.get_current_device()
+    backend = kernel.device_caches[device][3]
+    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
+                                     for k, v in d["options"].items()})
+    return kernel._do_compile(d["key"], signature, device, consts, options, attrs,
+                              warmup=True)
 
 
 def _build_launcher(kernel) -> tuple[float, str | None]:

@@ -251,8 +251,10 @@ class Session:
 
     def compile_report(self) -> dict:
         out = {"pool": None, "loaded": self.watch.loads,
-               "compiled_in_process": self.watch.misses,
-               "compiled_in_process_by_kernel": dict(sorted(self.watch.missed_kernels.items())),
+               "not_from_pool": self.watch.misses,
+               "not_from_pool_by_kernel": dict(sorted(self.watch.missed_kernels.items())),
+               "compiled_in_process": self.watch.compiled,
+               "compiled_in_process_by_kernel": dict(sorted(self.watch.compiled_kernels.items())),
                "config_costs": self.costs.report(),
                "config_costs_by_recipe": self.costs.report_recipes()}
         if self.pool is not None:
