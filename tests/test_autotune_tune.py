@@ -777,7 +777,9 @@ def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
            "configs_measured": 9,
            "keys": [{"measured": 1, "admitted": 4}, {"measured": 2, "admitted": 4},
                     {"measured": 6, "admitted": 6}],
-           "compile": {"pool": None, "loaded": 2, "compiled_in_process": 1,
+           "compile": {"pool": {"workers": 2, "binaries": 3, "compiled": 3, "from_cache": 0,
+                                "failed": 0, "worker_s": 1.5},
+                       "loaded": 2, "not_from_pool": 0, "compiled_in_process": 1,
                        "config_costs": {"cached": {"configs": 7, "check_ms": 1.25,
                                                    "timing_ms": 11.5}},
                        "config_costs_by_recipe": {"relay": {
@@ -791,6 +793,7 @@ def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
     assert "a config: cached 1.25 ms check + 11.50 ms timing (7)" in text
     assert "by recipe: relay 170.2 ms (9, 2 loads)" in text
     assert "compiled in the measuring process: recipes.relay._relay_kernel 1" in text
+    assert "measuring process loaded 2 (0 not from the pool), compiled 1 itself" in text
 
 
 def test_quality_retimes_the_optimum_and_the_picks(fake):
