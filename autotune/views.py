@@ -124,10 +124,10 @@ def tune_report_text(root, slug: str) -> list[str]:
         out.append("   by recipe: " + "; ".join(
             f"{r} {c['check_ms'] + c['timing_ms']:.1f} ms ({c['configs']}, {c['loads']} "
             "loads)" for r, c in by_recipe.items()))
-    missed = comp.get("compiled_in_process_by_kernel") or {}
-    if missed:
+    compiled = comp.get("compiled_in_process_by_kernel") or {}
+    if compiled:
         out.append("   compiled in the measuring process: " + ", ".join(
-            f"{k} {n}" for k, n in missed.items()))
+            f"{k} {n}" for k, n in compiled.items()))
     return out
 
 

@@ -6,14 +6,14 @@ An entry's config is the heuristic's unless the best config the search measured 
 beyond the noise of the same run (a heuristic the constraint rejects gets no entry: the
 key keeps it through dispatch's fallback): the best `top` configs, the heuristic's and
 the config the table being rewritten holds for the key are re-checked and re-timed
-together, in `ROUNDS` interleaved rounds (drift hits them alike), each round on input
-sets at new addresses (`Measurer.relocate`: a gain that holds at one placement only is
-no gain). The best beats the
-heuristic when it is faster in every round and its gain on the median of all rounds is
-larger than the noise, the largest spread of the round medians of either config, and at
-least dispatch's `MIN_GAIN` (2%: smaller gains do not survive another process's timing),
-and when the search's own measurements of the two show that gain too (`search_gain`):
-two measurements at different moments must agree. On the H200 a final re-timing once
+together, in `ROUNDS` interleaved rounds (drift hits them alike), each round after the
+first on input sets at new addresses (`Measurer.relocate`: a gain that holds at one
+placement only is no gain). The best beats the heuristic when it is faster in every
+round and its gain on the median of all rounds is larger than the noise, the largest
+spread of the round medians of either config, and at least dispatch's `MIN_GAIN` (2%:
+smaller gains do not survive another process's timing), and when the search's own
+measurements of the two show that gain too (`search_gain`): two measurements at
+different moments must agree. On the H200 a final re-timing once
 put a heuristic 6.6% behind a config that the search had measured 0.6% ahead of it, and
 the benchmark then ran that config 2% slower than the heuristic.
 So a tune never leaves a key slower than its heuristic, and a re-tune never leaves it
