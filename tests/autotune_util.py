@@ -40,7 +40,12 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     `recipe`'s smoke key's first configs for an sm_90 target with no GPU (the tuner's
     worker driver, which only reports the target), compile them in a pool of two
     processes, then load them the way the measuring process does (Triton's JIT with
-    warmup=True: compile or load, no launch). Returns what the test checks."""
+    warmup=True: compile or load, no launch). Returns what the test checks.
+
+    The SGLang adapter (`sglang_target_verify`) caps its kernel at the plain variant's
+    registers, which `recipes._registers.matching_cap` does on CUDA devices only and
+    reads from the loaded binary: here it runs on the CPU tensors too, and a loaded
+    binary's register count is the cubin's (what the driver reports on a GPU)."""
     import json
     import time as _time
 
@@ -51,11 +56,14 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     from triton.runtime import driver
 
     from autotune.tune import compile as TC
+    from autotune.tune.compile_worker import TargetDriver
     target = GPUTarget("cuda", 90, 32)
-    driver.set_active(TC.TargetDriver(target, 0))
+    driver.set_active(TargetDriver(target, 0))
     from recipes import _common as C
     from recipes.tuning import all_tunings
     C.check_runnable = lambda *a, **k: None     # CPU tensors into the compiled launcher
+    if recipe == "sglang_target_verify":
+        _cap_on_the_cpu()
     t = next(x for x in all_tunings() if x.name == recipe)
     cpu = torch.device("cpu")
     key = t.default_keys("smoke")[0]
@@ -93,9 +101,12 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     new = {os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs} - files
     out = {"configs": len(per), "binaries": len(bins), "per": per, "per2": per2,
            "compiled": stats.compiled + stats.cached, "failed": stats.failed,
+           "capped": stats.capped, "capped_failed": stats.capped_failed,
+           "paired": sum(b.plain is not None for b in bins.values()),
            "errors": stats.errors, "loads": watch.loads, "misses": watch.misses,
            "compiled_here": watch.compiled,
-           "loaded_are_probed": watch.loaded == set(bins),
+           "loaded_not_probed": len(watch.loaded - set(bins)),
+           "probed_not_loaded": len(set(bins) - watch.loaded),
            "new_files": sorted(new)}
     # a config the pool never had: the measuring side compiles it, counted by kernel
     extra = next(c for c in t.configs(key)[3:]
@@ -112,3 +123,25 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     out["compiled_kernels"] = watch.compiled_kernels
     print(json.dumps(out))
     return out
+
+
+def _cap_on_the_cpu() -> None:
+    """`register_cap` for CPU tensors, with the cubin's register count as the loaded
+    binary's (`compile_pool_check`)."""
+    import importlib
+
+    from triton.compiler.compiler import CompiledKernel
+
+    from autotune.tune.cubin import register_count
+    from recipes import _registers as R
+    CV = importlib.import_module("recipes.chain_verify")
+
+    def init_handles(self):
+        self.n_regs, self.n_spills = register_count(self.asm["cubin"]), 0
+
+    def cap(kernel, args, meta, plain, device):
+        c = R.register_cap(kernel, args, meta, plain)
+        return None if c is R.PROBED else c
+
+    CompiledKernel._init_handles = init_handles
+    CV.matching_cap = cap

@@ -9,6 +9,7 @@ The pipeline, module by module:
             over that order) that records each measured config
   compile   the probe of every planned config's Triton binaries, and a pool of processes
             that compiles each distinct binary once into Triton's on-disk cache
+  compile_worker  what each of the pool's processes runs; cubin: a binary's registers
   measure   a key's inputs and references (made once), the bit-for-bit check, the timing
   budget    the coverage: the fraction of every grid the time budget allows
   store     the durable study store a later run resumes from

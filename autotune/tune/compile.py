@@ -7,17 +7,22 @@ in-process compiles are bound to one core by the GIL).
    `knobs.runtime.jit_cache_hook` set to a hook that records what Triton is about to
    compile (the kernel, and the specialization data that `JITFunction.preload` takes) and
    skips it: nothing is compiled or launched, so a probe costs the launcher's Python.
-   A binary is identified by the kernel and Triton's own cache key (argument
-   specialization and options), so configs and keys that launch the same binary share
-   it: one compile, then timed at every key that runs it.
-2. Pool (`CompilePool`): `workers` spawned processes, each with a driver that only
-   reports the GPU's target (no CUDA context, no GPU memory), run `preload` (Triton's
-   `JITFunction.preload` of the specialization data, tuples kept), which compiles into
-   the on-disk cache (`TRITON_CACHE_DIR`, default ~/.triton/cache, kept between runs: a
-   second tune finds its binaries there), and build the binary's C launcher into it
-   too. Binaries go out in the order the measuring process needs them: the planned
-   configs of every key in measurement order first, then the rest of the grids; a
-   binary the measuring process waits for goes to the front.
+   A binary is identified by the kernel and its specialization data (argument
+   specialization, constants and options: what Triton's on-disk cache hash is made
+   of), so configs and keys that launch the same binary share it: one compile, then
+   timed at every key that runs it.
+2. Pool (`CompilePool`): `workers` spawned processes (`compile_worker`), each with a
+   driver that only reports the GPU's target (no CUDA context, no GPU memory), run
+   `compile_worker.preload` (Triton's `JITFunction.preload` of the specialization
+   data, tuples kept), which compiles into the on-disk cache (`TRITON_CACHE_DIR`,
+   default ~/.triton/cache, kept between runs: a second tune finds its binaries
+   there), and build the binary's C launcher into it too. A binary that
+   `recipes._registers.register_cap` may cap at its plain variant's registers (`probe`
+   pairs them) is compiled with the plain one, and, where it uses more registers
+   (`cubin.register_count`), capped as well. Binaries go out in the order the
+   measuring process needs them: the planned configs of every key in measurement
+   order first, then the rest of the grids; a binary the measuring process waits for
+   goes to the front.
 3. Loads (`LoadWatch`): the measuring process counts the binaries it loaded, those the
    pool did not have (disabled, failed or not yet done), and those it compiled itself
    (Triton's disk cache missed).
@@ -31,15 +36,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-import os
+import json
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from .compile_worker import Done, compile_task, worker_init
 
 HIT_S = 0.05          # a worker compile faster than this came from Triton's cache
 OUTSTANDING = 3       # tasks in flight a worker (keeps the pool busy between top-ups)
-WORKER_NICE = 10      # workers (and their ptxas) yield the cores to the measuring process
 
 
 @dataclass(frozen=True)
@@ -48,23 +54,32 @@ class Binary:
     module: str
     qualname: str
     spec: str           # Triton's specialization data (JSON)
+    plain: str | None = None    # a register-capped variant's plain spec (`probe`)
 
 
-def binary_id(module: str, qualname: str, key) -> str:
-    return f"{module}.{qualname}:" + hashlib.sha1(str(key).encode()).hexdigest()[:16]
+def binary_id(module: str, qualname: str, spec: str) -> str:
+    """The binary's id: its kernel and specialization data without Triton's in-memory
+    key, i.e. what its on-disk cache hash is made of (argument specialization,
+    constants, options); the pool can then name a binary it derives (a capped variant)
+    the way the measuring process's hook will."""
+    d = json.loads(spec)
+    d.pop("key", None)
+    text = json.dumps(d, sort_keys=True)
+    return f"{module}.{qualname}:" + hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 class _Hook:
-    """A `jit_cache_hook` that records each compile request; `skip` makes Triton skip the
-    compile and the launch (the probe)."""
+    """A `jit_cache_hook` that records each compile request, and whether it was a manual
+    warmup; `skip` makes Triton skip the compile and the launch (the probe)."""
 
     def __init__(self, skip: bool):
         self.skip = skip
-        self.seen: list[Binary] = []
+        self.seen: list[tuple[Binary, bool]] = []
 
     def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        self.seen.append(Binary(binary_id(fn.module, fn.name, key), fn.module, fn.name,
-                                compile["specialization_data"]))
+        spec = compile["specialization_data"]
+        self.seen.append((Binary(binary_id(fn.module, fn.name, spec), fn.module, fn.name,
+                                 spec), is_manual_warmup))
         return self.skip
 
 
@@ -86,7 +101,12 @@ class _hooked:
 def probe(run, inputs, configs: list[dict]) -> tuple[dict, dict]:
     """({config_id: [binary ids]}, {binary id: Binary}) of `run(inputs, config)` for each
     config, without compiling or launching anything. A config whose launcher raises
-    gets no binaries (its trial reports the error)."""
+    gets no binaries (its trial reports the error).
+
+    Two manual warmups of one kernel in a row are `recipes._registers.register_cap`'s
+    plain variant and the variant it may cap at the plain one's registers (the only
+    manual warmups a launcher makes): the second binary keeps the first's spec
+    (`Binary.plain`), so that its worker compiles the capped binary too."""
     from .search import config_id
 
     per, binaries = {}, {}
@@ -97,8 +117,15 @@ def probe(run, inputs, configs: list[dict]) -> tuple[dict, dict]:
                 run(inputs, cfg)
             except Exception:  # noqa: BLE001 - the trial will report it
                 pass
-            ids = []
-            for b in hook.seen:
+            ids, prev = [], None
+            for b, manual in hook.seen:
+                if manual and prev is not None and prev.qualname == b.qualname \
+                        and prev.module == b.module and prev.bid != b.bid:
+                    b = replace(b, plain=prev.spec)
+                    binaries[b.bid] = b
+                    prev = None
+                else:
+                    prev = b if manual else None
                 binaries.setdefault(b.bid, b)
                 if b.bid not in ids:
                     ids.append(b.bid)
@@ -127,7 +154,7 @@ class LoadWatch:
 
     def __call__(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         self.loads += 1
-        bid = binary_id(fn.module, fn.name, key)
+        bid = binary_id(fn.module, fn.name, compile["specialization_data"])
         self.loaded.add(bid)
         if self.pool is None or not self.pool.compiled(bid):
             self.misses += 1
@@ -205,113 +232,6 @@ class ConfigCosts:
         return self._means(self.recipes, loads=True)
 
 
-# --- the worker processes ------------------------------------------------------------
-class TargetDriver:
-    """What `JITFunction.preload` needs of a driver to compile: the device's index and
-    compile target. Nothing here touches the GPU."""
-
-    def __init__(self, target, index: int):
-        self.target, self.index = target, index
-
-    def is_active(self):
-        return True
-
-    def get_current_device(self):
-        return self.index
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-    def get_active_torch_device(self):
-        import torch
-        return torch.device("cuda", self.index)
-
-
-def _worker_init(target, index: int, package: str) -> None:
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
-    try:    # the measuring process (its launches, syncs and captures) comes first
-        os.nice(WORKER_NICE)
-    except (AttributeError, OSError):
-        pass
-    os.environ.pop("TRITON_INTERPRET", None)         # compiled kernels, whatever the parent
-    from triton.runtime import driver
-    driver.set_active(TargetDriver(target, index))
-    import importlib
-    importlib.import_module(package)
-
-
-def _compile_task(module: str, qualname: str,
-                  spec: str) -> tuple[float, str | None, float, str | None]:
-    """(seconds compiling, error or None, seconds building the launcher, its error)."""
-    import importlib
-    t0 = time.monotonic()
-    try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        kernel = preload(obj, spec)
-    except Exception as exc:  # noqa: BLE001 - the measuring process will see it too
-        return time.monotonic() - t0, _text(exc), 0.0, None
-    return time.monotonic() - t0, None, *_build_launcher(kernel)
-
-
-def preload(kernel, spec: str):
-    """`JITFunction.preload(spec)`, with tuple constants kept tuples. The specialization
-    data is JSON, which makes a tuple a list; Triton 3.6's preload turns the signature's
-    lists back into tuples but not the constexprs' (relay's RS and FBS), and the constants
-    enter the binary's cache hash as text: the pool's binary then lay under another hash
-    than the launch's, and the measuring process compiled each relay binary again. The
-    same steps as Triton's preload otherwise (its `_do_compile` included)."""
-    import json
-
-    import triton.language as tl
-    from triton.runtime import driver
-    from triton.runtime.jit import convert_to_tuple_if_list as tuples
-
-    d = json.loads(spec)
-    if d["name"] != kernel._fn_name:
-        raise RuntimeError(f"specialization data of {d['name']}, not of {kernel._fn_name}")
-    consts = {}
-    for k, v in zip(map(tuple, d["constant_keys"]), d["constant_vals"], strict=True):
-        if tl.dtype.is_dtype(v):
-            consts[k] = tl.dtype(v)
-        elif isinstance(v, dict) and "constexpr" in v:
-            consts[k] = tl.constexpr(tuples(v["constexpr"]))
-        else:
-            consts[k] = tuples(v)
-    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"], strict=True))
-    signature = {k: tuples(v) for k, v in d["signature"].items()}
-    device = driver.active.get_current_device()
-    backend = kernel.device_caches[device][3]
-    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
-                                     for k, v in d["options"].items()})
-    return kernel._do_compile(d["key"], signature, device, consts, options, attrs,
-                              warmup=True)
-
-
-def _build_launcher(kernel) -> tuple[float, str | None]:
-    """Build the binary's C launcher into Triton's cache as well. Triton builds it with
-    the host's C compiler when a binary is first loaded (one per kernel signature), in
-    the measuring process unless it is cached; building it here needs no GPU. An error
-    only leaves that build to the first load (the pool's stats count it). Returns
-    (seconds, error or None)."""
-    t0 = time.monotonic()
-    try:
-        from triton.backends.nvidia.driver import CudaLauncher
-        CudaLauncher(kernel.src, kernel.metadata)
-        return time.monotonic() - t0, None
-    except Exception as exc:  # noqa: BLE001
-        return time.monotonic() - t0, _text(exc)
-
-
-def _text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
 @dataclass
 class PoolStats:
     workers: int = 0
@@ -320,6 +240,8 @@ class PoolStats:
     cached: int = 0          # found in Triton's cache by a worker
     failed: int = 0
     launchers_failed: int = 0   # binaries whose launcher the worker could not build
+    capped: int = 0          # register-capped variants compiled (`_compile_capped`)
+    capped_failed: int = 0   # capped variants the worker could not derive
     launcher_s: float = 0.0  # worker seconds building (or finding) launchers
     cpu_s: float = 0.0       # worker seconds, all tasks
     compile_s: float = 0.0   # worker seconds of the binaries that were compiled
@@ -343,7 +265,7 @@ class CompilePool:
         self.t0 = time.monotonic()
         self.executor = ProcessPoolExecutor(
             max_workers=workers, mp_context=mp.get_context("spawn"),
-            initializer=_worker_init, initargs=(target, device_index, package))
+            initializer=worker_init, initargs=(target, device_index, package))
         self.binaries: dict = {}       # bid -> Binary
         self.status: dict = {}         # bid -> "queued" | "running" | "done" | "failed"
         self.prio: dict = {}           # bid -> priority (queued ones)
@@ -400,7 +322,8 @@ class CompilePool:
                 continue                              # stale entry
             b = self.binaries[bid]
             try:
-                fut = self.executor.submit(_compile_task, b.module, b.qualname, b.spec)
+                fut = self.executor.submit(compile_task, b.module, b.qualname, b.spec,
+                                           b.plain)
             except Exception as exc:  # noqa: BLE001 - a broken pool
                 self._disable(exc)
                 return
@@ -414,7 +337,7 @@ class CompilePool:
             bid = self.running.pop(f)
             self._left -= 1
             try:
-                secs, err, lsecs, lerr = f.result()
+                r = Done(*f.result())
             except Exception as exc:  # noqa: BLE001 - a worker died: no more pool
                 self.status[bid] = "failed"
                 self._disable(exc)
@@ -423,24 +346,33 @@ class CompilePool:
             if self.stats.first_s is None:
                 self.stats.first_s = now
             self.stats.wall_s = now
-            self.stats.cpu_s += secs + lsecs
-            self.stats.launcher_s += lsecs
-            if lerr is not None:
+            self.stats.cpu_s += r.secs + r.launcher_s
+            self.stats.launcher_s += r.launcher_s
+            b = self.binaries[bid]
+            if r.launcher_err is not None:
                 self.stats.launchers_failed += 1
-                if len(self.stats.errors) < 5:
-                    self.stats.errors.append(f"{self.binaries[bid].qualname} launcher: {lerr}")
-            if err is None:
+                self._error(f"{b.qualname} launcher: {r.launcher_err}")
+            if r.capped is not None:       # the measuring process's hook names it so
+                self.status[binary_id(b.module, b.qualname, r.capped)] = "done"
+                self.stats.capped += 1
+            if r.capped_err is not None:
+                self.stats.capped_failed += 1
+                self._error(f"{b.qualname} capped: {r.capped_err}")
+            if r.err is None:
                 self.status[bid] = "done"
-                if secs < HIT_S:
+                if r.secs < HIT_S:
                     self.stats.cached += 1
                 else:
                     self.stats.compiled += 1
-                    self.stats.compile_s += secs
+                    self.stats.compile_s += r.secs
             else:
                 self.status[bid] = "failed"
                 self.stats.failed += 1
-                if len(self.stats.errors) < 5:
-                    self.stats.errors.append(f"{self.binaries[bid].qualname}: {err}")
+                self._error(f"{b.qualname}: {r.err}")
+
+    def _error(self, text: str) -> None:
+        if len(self.stats.errors) < 5:
+            self.stats.errors.append(text)
 
     def _disable(self, exc) -> None:
         if self.enabled:

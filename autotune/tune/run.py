@@ -263,6 +263,7 @@ class Session:
                            "compiled": s.compiled, "from_cache": s.cached,
                            "failed": s.failed, "left": self.pool.left(),
                            "launchers_failed": s.launchers_failed,
+                           "capped": s.capped, "capped_failed": s.capped_failed,
                            "launcher_s": round(s.launcher_s, 1),
                            "worker_s": round(s.cpu_s, 1),
                            "compile_s_mean": round(s.compile_s / s.compiled, 3)
