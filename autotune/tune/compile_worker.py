@@ -63,6 +63,8 @@ class Done(NamedTuple):
 
 
 def compile_task(module: str, qualname: str, spec: str, plain: str | None = None) -> Done:
+    """One binary (`plain`: the spec of the variant it may be capped at, whose capped
+    binary is then compiled too), its launcher built."""
     import importlib
     t0 = time.monotonic()
     try:
@@ -109,8 +111,6 @@ def preload(kernel, spec: str):
     enter the binary's cache hash as text: the pool's binary then lay under another hash
     than the launch's, and the measuring process compiled each relay binary again. The
     same steps as Triton's preload otherwise (its `_do_compile` included)."""
-    import json
-
     import triton.language as tl
     from triton.runtime import driver
     from triton.runtime.jit import convert_to_tuple_if_list as tuples
