@@ -518,7 +518,9 @@ def test_tunables_on_request_are_tuned_only_when_named(capsys):
 
     names = [t.name for t in select_tunables(Options())]
     assert "sglang_target_verify" in names and "sglang_draft_extend" not in names
-    assert "tuned only when named (--recipe): sglang_draft_extend" in capsys.readouterr().err
+    assert "sglang_draft_topk1" not in names
+    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1"
+            in capsys.readouterr().err)
     assert [t.name for t in select_tunables(Options(recipes=["sglang_draft_extend"]))] == [
         "sglang_draft_extend"]
 
@@ -542,8 +544,10 @@ def test_cli_smoke_tune_of_every_recipe(tmp_path):
     reg.load_recipes("recipes")
     real = sorted(n for n in reg.tunables() if not n.startswith("fake_"))
     asked = sorted(n for n in real if reg.tunables()[n].on_request)
-    assert asked == ["sglang_draft_extend"] and "sglang_target_verify" in real
-    assert "tuned only when named (--recipe): sglang_draft_extend" in r.stderr
+    assert asked == ["sglang_draft_extend", "sglang_draft_topk1"]
+    assert "sglang_target_verify" in real
+    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1"
+            in r.stderr)
     real = [n for n in real if n not in asked]
     assert f"wrote {len(real)} table(s)" in r.stderr
     out = tmp_path / "cpu-interpreter"

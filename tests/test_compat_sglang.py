@@ -580,8 +580,9 @@ def test_draft_extend_dispatches_on_its_own_table(device):
     """draft_tail's tables time its launch with token map, positions and column; the
     draft_extend adapter's launch has none of them, so with config=None it asks its own
     table (`sglang_draft_extend`) with draft_tail's key, and with DSA rows (copy programs
-    its table was not timed with) no table; draft_topk1 is a draft_tail call and asks
-    draft_tail's."""
+    its table was not timed with) no table; draft_topk1's launch has no row indices, map
+    or hidden rows: it asks its own (`sglang_draft_topk1`) with H = 0, and an explicit
+    config asks none."""
     from recipes.draft_tail import tune_key
     from recipes.tables import trace_configs
 
@@ -594,9 +595,46 @@ def test_draft_extend_dispatches_on_its_own_table(device):
         S.draft_extend_topk1_postprocess(x, rows, hidden_states=hidden, dsa_topk_indices=dsa)
     assert [(r, k) for r, k, _ in trace] == [
         (S.EXTEND_TABLE, tune_key(torch.bfloat16, 3000, 2, 64))]
+    pos = torch.zeros(6, dtype=torch.int64, device=device)
     with trace_configs() as trace:
-        S.draft_topk1_postprocess(x, torch.zeros(6, dtype=torch.int64, device=device))
-    assert [r for r, *_ in trace] == ["draft_tail"]
+        S.draft_topk1_postprocess(x, pos)
+        S.draft_topk1_postprocess(x, pos, config=TAIL_SMALL)
+        S.draft_topk1_postprocess(x[:0], pos[:0])
+    assert [(r, k) for r, k, _ in trace] == [
+        (S.TOPK1_TABLE, tune_key(torch.bfloat16, 3000, 6, 0))]
+    with pytest.raises(ValueError, match="draft_tail search space"):
+        S.draft_topk1_postprocess(x, pos, config={**TAIL_SMALL, "SPLIT": 3})
+
+
+def test_topk1_tuning_matches_the_composition(device):
+    """The tuner's declaration of the draft_topk1 launch: draft_tail's keys at H = 0, its
+    reference equals torch's argmax, positions += 1 and the column write, its outputs are
+    poisoned buffers that a run must write, and sampled configs give the reference bit
+    for bit."""
+    import random
+
+    from recipes.tuning import all_tunings
+
+    t = S.TOPK1_TUNING
+    assert t in all_tunings() and t.on_request
+    keys = t.default_keys("gpu")
+    assert len(keys) == 8 and {k["H"] for k in keys} == {0}
+    key = t.default_keys("smoke")[0]
+    inp = t.make_inputs(key, device, 3)
+    x, pos, drafts, column, out = inp
+    assert x.shape == (key["B"], key["V"]) and column == 1
+    assert out[0].isnan().all() and bool((out[1] == -7).all())   # poisoned
+    pos0, drafts0 = pos.clone(), drafts.clone()
+    ref = t.reference(inp)
+    want = torch.argmax(x, dim=1)
+    assert_equal(ref[1], want[:, None], "topk_index")
+    assert_equal(ref[0], torch.ones(key["B"], 1, device=device), "topk_p")
+    assert_equal(ref[2], pos0 + 1, "positions")
+    drafts0[:, column] = want
+    assert_equal(ref[3], drafts0, "draft_tokens")
+    configs = t.configs(key)
+    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
+        assert t.equal(t.run(t.make_inputs(key, device, 3), cfg), ref), cfg
 
 
 def test_extend_tuning_matches_the_composition(device):

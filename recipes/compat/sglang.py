@@ -55,9 +55,11 @@ configs are fast), else chain_verify's heuristic; for draft_extend its own table
 `sglang_draft_extend` (`EXTEND_TUNING`: draft_tail's space, heuristic and keys, timed on
 this launch, which has no token map, positions or column; tuned on request, `make tune
 TUNE_ARGS="--recipe sglang_draft_extend"`), else, and always with DSA rows, draft_tail's
-heuristic; draft_topk1 calls `recipes.draft_tail` itself, with its dispatch. Outputs
-never depend on the config. The epilogue launch is held to the plain kernel's registers
-where that compiles without spills (`recipes._registers`).
+heuristic; for draft_topk1 its own table, `sglang_draft_topk1` (`TOPK1_TUNING`: the
+same, at H = 0, timed on this launch, which has no row indices, token map or hidden rows;
+tuned on request too), else draft_tail's heuristic. Outputs never depend on the
+config. The epilogue launch is held to the plain kernel's registers where that compiles
+without spills (`recipes._registers`).
 
 Where the semantics differ from SGLang's (everything else is equal bit for bit):
 
@@ -280,13 +282,19 @@ def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Te
     `draft_tokens[:, draft_token_column] = argmax` (the column is unused without
     draft_tokens, as in SGLang). Returns (topk_p float32 [B, 1] of ones, topk_index
     int64 [B, 1]); out: that pair, preallocated."""
-    C.check_tensor("next_token_logits", next_token_logits, dtypes=C.FLOAT_DTYPES, ndim=2)
-    B = next_token_logits.shape[0]
+    x = next_token_logits
+    C.check_tensor("next_token_logits", x, dtypes=C.FLOAT_DTYPES, ndim=2)
+    (B, V), dev = x.shape, x.device
     p, idx = _outputs(out, (("topk_p", (B, 1), torch.float32),
                             ("topk_index", (B, 1), torch.int64)),
-                      next_token_logits.device, "a (topk_p, topk_index) pair")
+                      dev, "a (topk_p, topk_index) pair")
     column = {} if draft_tokens is None else {"column": draft_token_column}
-    draft_tail(next_token_logits, positions=positions, draft_tokens=draft_tokens,
+    if config is None and B > 0:
+        # this launch's own table (TOPK1_TABLE): draft_tail's time a launch with row
+        # indices, a token map and hidden rows, which rank configs otherwise
+        config = C.pick_config(TOPK1_TABLE, tail_key(x.dtype, V, B, 0), tail_heuristic,
+                               dev)
+    draft_tail(x, positions=positions, draft_tokens=draft_tokens,
                out=DraftTail(idx.view(-1), p.view(-1), None), config=config, **column)
     return p, idx
 
@@ -466,4 +474,58 @@ EXTEND_TUNING = Tuning(
     # half of every grid (docs/performance.md, "The tuner's own measurements")
     on_request=True)
 
-TUNINGS = (TUNING, EXTEND_TUNING)     # what `recipes.tuning.all_tunings` lists of this module
+
+# --- tuning of the draft_topk1 launch ---------------------------------------------------
+# draft_tail's kernel over every row, with positions and a draft column and no row
+# indices, token map or hidden rows, tuned as its own table over draft_tail's space,
+# constraint and heuristic, at draft_tail's batch sizes and vocabularies with H = 0.
+TOPK1_TABLE = "sglang_draft_topk1"
+
+
+def draft_topk1_reference(next_token_logits: torch.Tensor, positions: torch.Tensor,
+                          draft_tokens: torch.Tensor | None = None,
+                          draft_token_column: int = 0) -> tuple:
+    """`draft_topk1_postprocess` in plain torch (draft_tail's reference over every row):
+    (topk_p, topk_index); `positions` and the draft column updated in place."""
+    r = tail_reference(next_token_logits, positions=positions, draft_tokens=draft_tokens,
+                       column=draft_token_column)
+    return r.probs[:, None], r.tokens[:, None]
+
+
+def _topk1_keys(preset: str) -> list[dict]:
+    return [{**k, "H": 0} for k in DRAFT_TAIL_TUNING.default_keys(preset)]
+
+
+def _topk1_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """The first B rows of draft_tail's tuning logits (a planted tie in every row) as
+    SGLang's draft step passes them, [B, Vd]; positions; a 4-column draft_tokens written
+    at column 1; `out=`: poisoned (topk_p, topk_index), which a check must write."""
+    inp = DRAFT_TAIL_TUNING.make_inputs({**key, "H": 0}, device, seed)
+    B, o = key["B"], inp["out"]
+    x = inp["logits"][:B].clone()
+    return x, inp["positions"], inp["draft_tokens"], inp["column"], \
+        (o.probs.unsqueeze(1), o.tokens.unsqueeze(1))
+
+
+def _topk1_run(inp: tuple, cfg: dict) -> tuple:
+    x, pos, drafts, column, out = inp
+    return (*draft_topk1_postprocess(x, pos, drafts, column, out=out, config=cfg), pos,
+            drafts)
+
+
+def _topk1_reference(inp: tuple) -> tuple:
+    x, pos, drafts, column, _ = inp
+    return (*draft_topk1_reference(x, pos, drafts, column), pos, drafts)
+
+
+TOPK1_TUNING = Tuning(
+    name=TOPK1_TABLE, space=TAIL_SPACE, heuristic=tail_heuristic, constraint=tail_constraint,
+    make_inputs=_topk1_inputs, run=_topk1_run, reference=_topk1_reference,
+    bytes_moved=lambda key: DRAFT_TAIL_TUNING.bytes_moved({**key, "H": 0}),
+    default_keys=_topk1_keys,
+    sources=DRAFT_TAIL_TUNING.sources + (draft_topk1_postprocess, _topk1_inputs, _topk1_run),
+    # binaries of its own (no rows, map or hidden: other constexprs), like draft_extend's
+    on_request=True)
+
+# what `recipes.tuning.all_tunings` lists of this module
+TUNINGS = (TUNING, EXTEND_TUNING, TOPK1_TUNING)
