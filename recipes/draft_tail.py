@@ -489,6 +489,27 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
     given the call allocates nothing. No written tensor (out=, positions,
     draft_tokens) may share memory with an input or another written one.
     """
+    c = check_call(logits, rows, hidden, token_map, positions, draft_tokens, column, out)
+    if c.B > 0:
+        key = tune_key(logits.dtype, c.V, c.B, 0 if hidden is None else hidden.shape[1])
+        launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens,
+                          c.column, c.out.tokens, c.out.probs, c.out.hidden,
+                          resolve_config(config, key, logits.device))
+    return c.out
+
+
+class CheckedCall(NamedTuple):
+    B: int              # output rows
+    V: int              # logits columns
+    column: int         # the draft column, in [0, K) (0 without draft_tokens)
+    out: DraftTail      # the outputs, allocated where `out=` left them None
+
+
+def check_call(logits, rows, hidden, token_map, positions, draft_tokens, column,
+               out) -> CheckedCall:
+    """`draft_tail`'s argument checks, and its outputs allocated: what a launcher of the
+    same kernel (`recipes.compat.sglang`'s draft_topk1, which dispatches on a table of
+    its own) runs before `launch_draft_tail`."""
     C.check_tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=2)
     C.check_logits_rows("logits", logits)
     dev = logits.device
@@ -547,13 +568,8 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
         probs = torch.empty((B,), dtype=torch.float32, device=dev)
     if hidden is not None and h_out is None:
         h_out = torch.empty((B, hidden.shape[1]), dtype=hidden.dtype, device=dev)
-    if B == 0:
-        return DraftTail(tokens, probs, h_out)
-    key = tune_key(logits.dtype, V, B, 0 if hidden is None else hidden.shape[1])
-    cfg = resolve_config(config, key, dev)
-    launch_draft_tail(logits, rows, hidden, token_map, positions, draft_tokens, column,
-                      tokens, probs, h_out, cfg)
-    return DraftTail(tokens, probs, h_out)
+    return CheckedCall(B, V, 0 if draft_tokens is None else column,
+                       DraftTail(tokens, probs, h_out))
 
 
 draft_tail.reference = reference

@@ -105,12 +105,14 @@ from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import make_inputs as verify_inputs
 from ..chain_verify import reference as verify_reference
 from ..chain_verify import tune_key as verify_key
+from ..draft_tail import COLUMN_DEFAULT, DraftTail, launch_draft_tail
 from ..draft_tail import SPACE as TAIL_SPACE
 from ..draft_tail import TUNING as DRAFT_TAIL_TUNING
-from ..draft_tail import DraftTail, draft_tail, launch_draft_tail
+from ..draft_tail import check_call as check_tail_call
 from ..draft_tail import constraint as tail_constraint
 from ..draft_tail import heuristic as tail_heuristic
 from ..draft_tail import reference as tail_reference
+from ..draft_tail import resolve_config as tail_resolve_config
 from ..draft_tail import tune_key as tail_key
 from ..relay import FIELD_DTYPES
 from ..relay import reference_gather as relay_reference_gather
@@ -288,14 +290,17 @@ def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Te
     p, idx = _outputs(out, (("topk_p", (B, 1), torch.float32),
                             ("topk_index", (B, 1), torch.int64)),
                       dev, "a (topk_p, topk_index) pair")
-    column = {} if draft_tokens is None else {"column": draft_token_column}
-    if config is None and B > 0:
+    column = COLUMN_DEFAULT if draft_tokens is None else draft_token_column
+    c = check_tail_call(x, None, None, None, positions, draft_tokens, column,
+                        DraftTail(idx.view(-1), p.view(-1), None))
+    if B > 0:
         # this launch's own table (TOPK1_TABLE): draft_tail's time a launch with row
         # indices, a token map and hidden rows, which rank configs otherwise
-        config = C.pick_config(TOPK1_TABLE, tail_key(x.dtype, V, B, 0), tail_heuristic,
-                               dev)
-    draft_tail(x, positions=positions, draft_tokens=draft_tokens,
-               out=DraftTail(idx.view(-1), p.view(-1), None), config=config, **column)
+        key = tail_key(x.dtype, V, B, 0)
+        cfg = C.pick_config(TOPK1_TABLE, key, tail_heuristic, dev) if config is None \
+            else tail_resolve_config(config, key, dev)
+        launch_draft_tail(x, None, None, None, positions, draft_tokens, c.column,
+                          c.out.tokens, c.out.probs, None, cfg)
     return p, idx
 
 
