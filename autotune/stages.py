@@ -4,6 +4,8 @@ one launch go at B <= 16, and what the SGLang adapter adds on top.
     python -m autotune.stages --out results/h200/stages.md     (about 2 minutes on an H200)
     python -m autotune.stages --check      (stage outputs only; on the CPU under
                                             TRITON_INTERPRET=1)
+    python -m autotune.stages --shape 2x4 --configs tuned,heuristic \
+        --stages split+finish,chain_verify   (a subset: shapes, configs, stages)
 
 Regime: every call runs behind a plain one-element torch op (`tick.add_(1)`) in a CUDA
 graph, as a step graph runs the verify behind the op before it, and its price is
@@ -196,6 +198,7 @@ class Shape:
 
     def __init__(self, B, N, V, dtype, device, sets=None):
         self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
+        self.only = None                  # the stages to time (None: every one)
         self.key = CV.tune_key(dtype, V, B, N - 1)
         if sets is None:
             sets = rotation(B * N * V * dtype.itemsize, device)
@@ -266,6 +269,10 @@ class Shape:
             del calls["spin"]
         return calls
 
+    def timed_calls(self, cfg) -> dict:
+        """`calls`, only the stages asked for (`only`)."""
+        return {k: v for k, v in self.calls(cfg).items() if self.only is None or k in self.only}
+
     def resident(self, cfg) -> bool:
         """Whether every program of the spin stage's grid can be resident at once (from
         the compiled kernel's registers and shared memory; always under the interpreter,
@@ -307,7 +314,7 @@ class Shape:
         if not torch.equal(0x7FFFFFFF - (packed & 0xFFFFFFFF), want):
             raise AssertionError(f"split stage: argmax differs at {cfg}")
         for name in ("split+finish", "release", "spin"):
-            if name in calls:
+            if name in calls and (self.only is None or name in self.only):
                 self.tokens.fill_(-1)
                 calls[name](s)
                 if not torch.equal(self.tokens.long(), want):
@@ -368,17 +375,19 @@ def behind_op(shape: Shape, fn, reps: int) -> float:
     return time_graph(body, shape.states, reps=reps, device=shape.device).p50
 
 
-def measure(shapes, reps: int, log=print) -> dict:
+def measure(shapes, reps: int, log=print, keep=None) -> dict:
     """{shape label: {"op": [us, us], "per_shape": {stage: [us, us]}, "configs":
     [(label, cfg, programs, {stage: [us, us]})]}}: prices (op already subtracted), one
-    per pass."""
+    per pass, each logged as it is measured. keep: the config labels to price (None:
+    every one of `configs_for`)."""
     res = {}
     for shape in shapes:
-        cfgs = configs_for(shape)
+        cfgs = [(label, cfg) for label, cfg in configs_for(shape)
+                if keep is None or label in keep]
         for _, cfg in cfgs:        # (also compiles every kernel before any timing)
             shape.check(cfg)
         res[shape.label()] = {"op": [], "per_shape": {}, "configs": [
-            (label, cfg, shape.plan(cfg)[0], {st: [] for st in shape.calls(cfg)})
+            (label, cfg, shape.plan(cfg)[0], {st: [] for st in shape.timed_calls(cfg)})
             for label, cfg in cfgs]}
     for rep in range(2):
         for shape in shapes:
@@ -389,10 +398,13 @@ def measure(shapes, reps: int, log=print) -> dict:
             for name, fn in shape.per_shape_calls().items():
                 r["per_shape"].setdefault(name, []).append(behind_op(shape, fn, reps) - op)
             for _, cfg, _, prices in r["configs"]:
-                for name, fn in shape.calls(cfg).items():
+                for name, fn in shape.timed_calls(cfg).items():
                     prices[name].append(behind_op(shape, fn, reps) - op)
             log(f"pass {rep + 1}: {shape.label()} in {time.perf_counter() - t0:.1f} s "
                 f"(op alone {op:.2f} us)")
+            for label, cfg, _, prices in r["configs"]:
+                log(f"  {label} {cfg_str(cfg)}: " + ", ".join(
+                    f"{k} {v[-1]:.2f}" for k, v in prices.items()))
     return res
 
 
@@ -465,7 +477,15 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true",
                    help="only check every stage's outputs (small shapes; runs under the "
                         "Triton interpreter too)")
+    p.add_argument("--stages", default=None, metavar="NAMES",
+                   help=f"comma-separated stages to time (default: all of {', '.join(STAGES)})")
+    p.add_argument("--configs", default=None, metavar="LABELS",
+                   help="comma-separated configs to time, by label: tuned, heuristic, "
+                        "SPLIT=<n> (default: all)")
     a = p.parse_args(argv)
+    only = None if a.stages is None else a.stages.split(",")
+    if only is not None and not set(only) <= set(STAGES):
+        p.error(f"--stages: expected names among {', '.join(STAGES)}, got {a.stages!r}")
     dtype = getattr(torch, a.dtype)
     if a.check:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -482,7 +502,9 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     shapes = [Shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or [(1, 4), (4, 4), (8, 4)])]
-    res = measure(shapes, a.reps)
+    for shape in shapes:
+        shape.only = only
+    res = measure(shapes, a.reps, keep=None if a.configs is None else a.configs.split(","))
     header = [f"GPU: {torch.cuda.get_device_name(dev)}; torch {torch.__version__}, triton "
               f"{triton.__version__}, Python {platform.python_version()}; "
               f"{datetime.datetime.now().isoformat(timespec='seconds')}; "

@@ -1069,3 +1069,5 @@ def test_stage_pricing_kernels_compute_their_stage(device):
     assert {label for label, _ in configs} >= {"heuristic"}
     for _, cfg in configs[:2]:
         shape.check(cfg)
+    shape.only = ["read", "chain_verify"]        # --stages: only these are timed
+    assert set(shape.timed_calls(configs[0][1])) == {"read", "chain_verify"}
