@@ -269,9 +269,13 @@ class Shape:
             del calls["spin"]
         return calls
 
+    def timed(self, stage: str) -> bool:
+        """Whether `stage` is one of those asked for (`only`)."""
+        return self.only is None or stage in self.only
+
     def timed_calls(self, cfg) -> dict:
-        """`calls`, only the stages asked for (`only`)."""
-        return {k: v for k, v in self.calls(cfg).items() if self.only is None or k in self.only}
+        """`calls`, only the stages asked for."""
+        return {k: v for k, v in self.calls(cfg).items() if self.timed(k)}
 
     def resident(self, cfg) -> bool:
         """Whether every program of the spin stage's grid can be resident at once (from
@@ -314,7 +318,7 @@ class Shape:
         if not torch.equal(0x7FFFFFFF - (packed & 0xFFFFFFFF), want):
             raise AssertionError(f"split stage: argmax differs at {cfg}")
         for name in ("split+finish", "release", "spin"):
-            if name in calls and (self.only is None or name in self.only):
+            if name in calls and self.timed(name):
                 self.tokens.fill_(-1)
                 calls[name](s)
                 if not torch.equal(self.tokens.long(), want):
