@@ -22,6 +22,8 @@ Order key of a float32 value x with bits b (int32):
     b <  0 (x <= -0.0)  -> -(b & 0x7FFFFFFF)  (so -0.0 -> 0, equal to +0.0)
 pack(x, i) = key << 32 | (0x7FFFFFFF - i): larger key first, then lower index.
 """
+import math
+
 import triton
 import triton.language as tl
 
@@ -192,9 +194,15 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
     fewer rows than SMs the scan is latency-bound: small tiles (1024 elements, 2048 from
     V = 65536; 2-8 KB a load) and chunks for about two programs per SM, on 4 warps below
     16 rows and 8 from 16, two tiles in flight from 16 rows when a chunk has two. With a
-    row for every SM: one program per row, 16 warps, 16-byte loads and two tiles in
-    flight (UNROLL=2; 1 when a row is one tile). Always a config `split_constraint`
-    admits. Measured basis: docs/performance.md, section "The shared split heuristic"."""
+    row for every SM the scan is bandwidth-bound and what matters is how evenly the SMs
+    end. One program a row on 16 warps (16-byte loads, the fewest programs) where that
+    is even: the rows fill two programs an SM to within 5% (one wave), or there are 12
+    rows an SM or more (many waves). Elsewhere small programs, 1024 elements on 4 warps,
+    about 8 an SM for 16-bit dtypes and 5 for float32 (SPLIT the nearest power of two),
+    so that no SM is left with a last row while the others idle. Two tiles in flight
+    wherever a chunk has two. Always a config `split_constraint` admits. Measured
+    basis: docs/performance.md, section "The shared split heuristic"."""
+    wide = dtype_name in ("bfloat16", "float16")
     if rows < sms:
         block = 2048 if V >= 65536 else 1024
         split = min(next_pow2(cdiv(2 * sms, max(1, rows))), 128, next_pow2(cdiv(V, block)))
@@ -202,6 +210,14 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
             tiles_per = split_plan(V, block, split)[1]
             return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4 if rows < 16 else 8,
                     "num_stages": 1, "UNROLL": 2 if rows >= 16 and tiles_per >= 2 else 1}
-    block = 4096 if dtype_name in ("bfloat16", "float16") else 2048
-    return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1,
-            "UNROLL": 2 if cdiv(V, block) >= 2 else 1}
+    # (fewer rows than SMs get here only with rows of one tile)
+    if rows < sms or 0.95 * 2 * sms <= rows <= 2 * sms or rows >= 12 * sms:
+        block = 4096 if wide else 2048
+        return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1,
+                "UNROLL": 2 if cdiv(V, block) >= 2 else 1}
+    block = 1024
+    programs = (8 if wide else 5) * sms
+    split = 1 << max(0, round(math.log2(max(1.0, programs / rows))))
+    split = min(split, 128, next_pow2(cdiv(V, block)))
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
+            "UNROLL": 2 if split_plan(V, block, split)[1] >= 2 else 1}

@@ -154,6 +154,34 @@ def test_pruned_configs_and_disjoint_views_run(device):
     assert_equal(out, torch.argmax(x, 1), "out= right after the logits")
 
 
+def test_split_heuristic_keeps_the_sms_evenly_loaded():
+    """With a row for every SM: one 16-warp program a row only where that load is even
+    (two an SM within 5%, or 12 rows an SM and more); elsewhere 4-warp programs of
+    1024-element tiles, rows x programs-a-row within a factor sqrt(2) of 8 an SM (16-bit)
+    or 5 (float32) where the row's tiles and SPLIT >= 1 allow. Every config is admitted."""
+    from recipes._argmax_core import split_constraint, split_heuristic, split_plan
+
+    for sms in (78, 132, 144):
+        for dtype, per_sm in (("bfloat16", 8), ("float16", 8), ("float32", 5)):
+            for V in (1000, 32000, 151936, 262144):
+                for rows in list(range(sms, 3 * sms, 7)) + [2 * sms, 11 * sms, 12 * sms, 40 * sms]:
+                    cfg = split_heuristic(dtype, V, rows, sms)
+                    where = (sms, dtype, V, rows, cfg)
+                    assert split_constraint(cfg, V), where
+                    even = 0.95 * 2 * sms <= rows <= 2 * sms or rows >= 12 * sms
+                    if even:
+                        assert (cfg["SPLIT"], cfg["num_warps"]) == (1, 16), where
+                        continue
+                    assert (cfg["BLOCK_V"], cfg["num_warps"]) == (1024, 4), where
+                    programs = rows * split_plan(V, 1024, cfg["SPLIT"])[0]
+                    tiles = -(-V // 1024)
+                    if cfg["SPLIT"] < tiles:            # not clamped by the row's tiles
+                        assert per_sm * sms / 2**0.5 <= programs, where
+                    if cfg["SPLIT"] > 1:                # SPLIT = 1 is rows programs
+                        assert programs <= per_sm * sms * 2**0.5, where
+                    assert cfg["UNROLL"] == (2 if -(-tiles // cfg["SPLIT"]) >= 2 else 1), where
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
 def test_over_2_pow_31_elements(device):
     R, V = 16385, 131072                   # 2^31 + 2^17 elements, 4 GiB in bf16

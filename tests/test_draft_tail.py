@@ -312,8 +312,10 @@ def test_heuristic_and_registration(device, monkeypatch):
                         assert M.constraint(cfg, key), (key, cfg)
         small = M.heuristic(M.tune_key(torch.bfloat16, 32000, 1, 4096), device)
         assert small["SPLIT"] > 1                                 # many chunks at B = 1
-        big = M.heuristic(M.tune_key(torch.bfloat16, 151936, 512, 4096), device)
-        assert big["SPLIT"] == 1                                  # a program a row
+        even = M.heuristic(M.tune_key(torch.bfloat16, 151936, 256, 4096), device)
+        assert (even["SPLIT"], even["FUSE_H"]) == (1, 1)          # a program a row, fused
+        uneven = M.heuristic(M.tune_key(torch.bfloat16, 151936, 320, 4096), device)
+        assert (uneven["SPLIT"], uneven["num_warps"]) == (4, 4)   # ~8 small programs an SM
     assert len(tun.default_keys("gpu")) <= 8       # the benchmark's B at two Vd (tune budget)
     for key in tun.default_keys("smoke"):
         inp = tun.make_inputs(key, device, 0)
