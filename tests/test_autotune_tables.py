@@ -297,3 +297,27 @@ def test_show_says_where_dispatch_runs_the_heuristic_instead():
     assert _entry_note(weak) == "search (gain < 2%: dispatch runs the heuristic)"
     assert _entry_note({**weak, "speedup_vs_heuristic": 1.05}) == "search"
     assert _entry_note({**weak, "config": h, "chosen_from": "heuristic"}) == "heuristic kept"
+
+
+def test_committed_tables_match_the_kernels_they_tune():
+    """Every tuned table committed under results/<gpu>/ was tuned over the recipe's
+    current search space and kernel source: a stale one is ignored by dispatch (with a
+    warning), so its GPU would run heuristic configs while its benchmark files show the
+    tuned ones. A kernel change must come with its recipe's retune."""
+    from pathlib import Path
+
+    from recipes.tuning import all_tunings
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    checked = 0
+    for t in all_tunings():
+        for path in sorted(root.glob(f"*/{t.name}.json")):
+            if path.parent.name == dispatch.INTERPRETER_SLUG:
+                continue
+            header = json.loads(path.read_text())["header"]
+            assert header.get("space_hash") == t.space_hash(), f"{path}: other search space"
+            assert header.get("source_hash") == t.source_hash(), (
+                f"{path}: tuned for other kernel source; re-run `python -m autotune tune "
+                f"--recipe {t.name}` on its GPU")
+            checked += 1
+    assert checked >= 9, f"only {checked} committed tables found under {root}"
