@@ -202,6 +202,8 @@ class _ScriptedMeasurer:
     ([9.85, 9.85, 9.85], [10.0, 10.0, 10.0], "heuristic"),  # 1.5%: under MIN_GAIN
     ([9.7, 9.7, 9.7], [9.8, 10.2, 10.0], "heuristic"),    # 3% gain, 4% heuristic spread
     ([9.0, 9.0, 9.0], [9.8, 10.2, 10.0], "search"),       # 10% gain beats the spread
+    ([5.0, 5.0, 5.0], [500, 1100, 535], "search"),        # 100x: a slowed round cannot hide it
+    ([9.7, 9.7, 9.7], [10.0, 10.0, 10.5], "heuristic"),   # 3.1% speed-up, 5% round spread
 ])
 def test_final_rule_keeps_the_heuristic_unless_beaten_beyond_noise(fake, best, heur, chosen):
     from autotune.tune.plan import Job

@@ -9,8 +9,10 @@ the config the table being rewritten holds for the key are re-checked and re-tim
 together, in `ROUNDS` interleaved rounds (drift hits them alike), each round after the
 first on input sets at new addresses (`Measurer.relocate`: a gain that holds at one
 placement only is no gain). The best beats the heuristic when it is faster in every
-round and its gain on the median of all rounds is larger than the noise, the largest
-spread of the round medians of either config, and at least dispatch's `MIN_GAIN` (2%:
+round, its speed-up (heuristic / best, medians of all rounds) is larger than the noise
+(the largest ratio between two round medians of either config; ratios, so that a
+round slowed by another process cannot hide a config many times faster), and its gain
+is at least dispatch's `MIN_GAIN` (2%:
 smaller gains do not survive another process's timing), and when the search's own
 measurements of the two show that gain too (`search_gain`): two measurements at
 different moments must agree. On the H200 a final re-timing once
@@ -99,11 +101,12 @@ def finalize(job: Job, m: Measurer, results: dict, *, top: int, planned: int,
     chosen, src, noise, searched = best_c, best_src, None, None
     if hid in stats and config_id(best_c) != hid:
         b = config_id(best_c)
-        noise = max(_spread(med[c], stats[c].p50) for c in (b, hid))
+        noise = max(_spread(med[c]) for c in (b, hid))
         gain = (stats[hid].p50 - stats[b].p50) / stats[hid].p50
         wins = all(x < y for x, y in zip(med[b], med[hid], strict=True))
         searched = search_gain(results, b, hid)
-        if not (wins and gain > noise and gain >= MIN_GAIN - 1e-9) \
+        beyond = stats[hid].p50 / stats[b].p50 - 1 > noise
+        if not (wins and beyond and gain >= MIN_GAIN - 1e-9) \
                 or (searched is not None and searched < MIN_GAIN - 1e-9):
             chosen, src = job.heuristic, "heuristic"
     cid = config_id(chosen)
@@ -148,10 +151,11 @@ def search_gain(results: dict, best: str, heuristic: str) -> float | None:
     return (rh.p50 - rb.p50) / rh.p50
 
 
-def _spread(round_medians: list, median: float) -> float:
-    if len(round_medians) < 2 or median <= 0:
+def _spread(round_medians: list) -> float:
+    """The largest ratio between two round medians, less one."""
+    if len(round_medians) < 2 or min(round_medians) <= 0:
         return 0.0
-    return (max(round_medians) - min(round_medians)) / median
+    return max(round_medians) / min(round_medians) - 1
 
 
 def _heuristic_full(t, key, device) -> dict:
