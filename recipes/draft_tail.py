@@ -350,10 +350,10 @@ def constraint(config: dict, key: dict) -> bool:
 def heuristic(key: dict, device: torch.device) -> dict:
     """The shared split-argmax heuristic measured on the H200 (`split_heuristic`: small
     tiles and chunks for about two programs per SM while the rows cannot fill the GPU,
-    else a program a row on 16 warps with two tiles in flight); the hidden rows copied by
-    the argmax programs when there is a program a row and a row for every SM (B=256:
-    1 us faster), else by copy programs of one 4096-element tile, or the row when
-    shorter."""
+    else a 16-warp program a row where that loads the SMs evenly, small programs
+    elsewhere); the hidden rows copied by the argmax programs when there is a program a
+    row and a row for every SM (B=256: 1 us faster), else by copy programs of one
+    4096-element tile, or the row when shorter."""
     cfg = split_heuristic(key["dtype"], key["V"], max(1, key["B"]), C.sm_count(device))
     H = key["H"]
     lo = SPACE["BLOCK_H"][0]
