@@ -63,22 +63,25 @@ def test_repeated_calls_reuse_workspace(device):
         assert_equal(recipes.argmax(x, config={**SMALL, "SPLIT": 8}), A.reference(x), str(seed))
 
 
-def test_one_chunk_a_row_leaves_the_workspace_alone(device):
+def test_one_chunk_a_row_leaves_the_workspace_alone(device, monkeypatch):
     """With a program a row there is no stage 2: the scratch is neither used nor grown
-    (so such a call may be captured at any batch without a warm-up)."""
+    (so such a call may be captured at any batch without a warm-up). On a fresh scratch
+    any use would allocate, so a small batch shows it."""
     from recipes import _common as C
 
+    monkeypatch.setattr(C, "WORKSPACE", C._Workspace())
     dev = torch.device(device.type, torch.cuda.current_device() if ON_GPU else None)
-    have = C.WORKSPACE._bufs.get((dev.type, dev.index))
-    R = 2 * (have[2] if have else 1024)
+    key = (dev.type, dev.index)
+    assert C.WORKSPACE._bufs.get(key) is None
+    R = 67
     x = torch.randn(R, 64, device=dev)
     one = {"BLOCK_V": 1024, "SPLIT": 1, "UNROLL": 1, "num_warps": 4}
     assert_equal(recipes.argmax(x, config=one), torch.argmax(x, 1), "one chunk a row")
-    assert C.WORKSPACE._bufs.get((dev.type, dev.index)) is have
+    assert C.WORKSPACE._bufs.get(key) is None
     rows = torch.arange(R, device=dev)
     res = recipes.draft_tail(x, rows=rows, config=one)
     assert_equal(res.tokens, torch.argmax(x, 1), "draft_tail, one chunk a row")
-    assert C.WORKSPACE._bufs.get((dev.type, dev.index)) is have
+    assert C.WORKSPACE._bufs.get(key) is None
 
 
 @pytest.mark.parametrize("part", range(4))
