@@ -22,12 +22,10 @@ Order key of a float32 value x with bits b (int32):
     b <  0 (x <= -0.0)  -> -(b & 0x7FFFFFFF)  (so -0.0 -> 0, equal to +0.0)
 pack(x, i) = key << 32 | (0x7FFFFFFF - i): larger key first, then lower index.
 """
-import math
-
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2
+from ._common import cdiv, nearest_pow2, next_pow2
 
 PACKED_EMPTY = tl.constexpr(-(2**63))  # INT64_MIN: the resting value of a stage-2 slot
 
@@ -217,7 +215,6 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
                 "UNROLL": 2 if cdiv(V, block) >= 2 else 1}
     block = 1024
     programs = (8 if wide else 5) * sms
-    split = 1 << max(0, round(math.log2(max(1.0, programs / rows))))
-    split = min(split, 128, next_pow2(cdiv(V, block)))
+    split = min(nearest_pow2(programs / rows), 128, next_pow2(cdiv(V, block)))
     return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
             "UNROLL": 2 if split_plan(V, block, split)[1] >= 2 else 1}

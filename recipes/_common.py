@@ -8,6 +8,7 @@ call never synchronises with the device and stays CUDA-graph capturable.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Iterable
 
@@ -194,6 +195,11 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def nearest_pow2(x: float) -> int:
+    """The power of two nearest to x in log scale, at least 1."""
+    return 1 << max(0, round(math.log2(max(1.0, x))))
 
 
 _SM_COUNT: dict = {}

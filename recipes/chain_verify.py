@@ -51,7 +51,6 @@ they set are in docs/performance.md, section "The filtered Gumbel scan".
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -279,7 +278,7 @@ def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
             block, warps = 2048, 8
             programs = 2 * sms if rows <= 64 else min(8 * sms, 4 * rows)
         unroll = 1
-        split = 1 << max(0, round(math.log2(max(1.0, programs / rows))))
+        split = C.nearest_pow2(programs / rows)
     split = min(split, 128, C.next_pow2(-(-V // block)))
     return {"BLOCK_V": block, "SPLIT": split, "num_warps": warps, "num_stages": 1,
             "UNROLL": unroll, "EXACT": 0}

@@ -163,6 +163,7 @@ def test_split_heuristic_keeps_the_sms_evenly_loaded():
     1024-element tiles, rows x programs-a-row within a factor sqrt(2) of 8 an SM (16-bit)
     or 5 (float32) where the row's tiles and SPLIT >= 1 allow. Every config is admitted."""
     from recipes._argmax_core import split_constraint, split_heuristic, split_plan
+    from recipes._common import cdiv
 
     for sms in (78, 132, 144):
         for dtype, per_sm in (("bfloat16", 8), ("float16", 8), ("float32", 5)):
@@ -177,12 +178,12 @@ def test_split_heuristic_keeps_the_sms_evenly_loaded():
                         continue
                     assert (cfg["BLOCK_V"], cfg["num_warps"]) == (1024, 4), where
                     programs = rows * split_plan(V, 1024, cfg["SPLIT"])[0]
-                    tiles = -(-V // 1024)
+                    tiles = cdiv(V, 1024)
                     if cfg["SPLIT"] < tiles:            # not clamped by the row's tiles
                         assert per_sm * sms / 2**0.5 <= programs, where
                     if cfg["SPLIT"] > 1:                # SPLIT = 1 is rows programs
                         assert programs <= per_sm * sms * 2**0.5, where
-                    assert cfg["UNROLL"] == (2 if -(-tiles // cfg["SPLIT"]) >= 2 else 1), where
+                    assert cfg["UNROLL"] == (2 if cdiv(tiles, cfg["SPLIT"]) >= 2 else 1), where
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a tensor over 2^31 elements needs GPU memory")
