@@ -196,7 +196,7 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
     end. One program a row on 16 warps (16-byte loads, the fewest programs) where that
     is even: the rows fill two programs an SM to within 5% (one wave), or there are 12
     rows an SM or more (many waves). Elsewhere small programs, 1024 elements on 4 warps,
-    about 8 an SM for 16-bit dtypes and 5 for float32 (SPLIT the nearest power of two),
+    about 8 an SM for 16-bit dtypes and 6 for float32 (SPLIT the nearest power of two),
     so that no SM is left with a last row while the others idle. Two tiles in flight
     wherever a chunk has two. Always a config `split_constraint` admits. Measured
     basis: docs/performance.md, section "The shared split heuristic"."""
@@ -214,7 +214,7 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
         return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1,
                 "UNROLL": 2 if cdiv(V, block) >= 2 else 1}
     block = 1024
-    programs = (8 if wide else 5) * sms
+    programs = (8 if wide else 6) * sms
     split = min(nearest_pow2(programs / rows), 128, next_pow2(cdiv(V, block)))
     return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
             "UNROLL": 2 if split_plan(V, block, split)[1] >= 2 else 1}
