@@ -270,7 +270,7 @@ def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
     docs/performance.md, section "The filtered Gumbel scan"."""
     if rows < 8 or (V < 65536 and rows <= 16):
         block, warps, unroll = 2048, 4, 2
-        split = C.next_pow2(-(-16 * sms // rows))
+        split = C.next_pow2(C.cdiv(16 * sms, rows))
     else:
         if V < 65536:
             block, warps, programs = 1024, 4, 4 * sms
@@ -279,7 +279,7 @@ def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
             programs = 2 * sms if rows <= 64 else min(8 * sms, 4 * rows)
         unroll = 1
         split = C.nearest_pow2(programs / rows)
-    split = min(split, 128, C.next_pow2(-(-V // block)))
+    split = min(split, 128, C.next_pow2(C.cdiv(V, block)))
     return {"BLOCK_V": block, "SPLIT": split, "num_warps": warps, "num_stages": 1,
             "UNROLL": unroll, "EXACT": 0}
 
