@@ -197,8 +197,9 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
     is even: the rows fill two programs an SM to within 5% (one wave), or there are 12
     rows an SM or more (many waves). Elsewhere small programs, 1024 elements on 4 warps,
     about 8 an SM for 16-bit dtypes and 6 for float32 (SPLIT the nearest power of two),
-    so that no SM is left with a last row while the others idle. Two tiles in flight
-    wherever a chunk has two. Always a config `split_constraint` admits. Measured
+    so that no SM is left with a last row while the others idle; where that comes to one
+    program a row and the rows fit one wave of them, 8 warps a program. Two tiles in
+    flight wherever a chunk has two. Always a config `split_constraint` admits. Measured
     basis: docs/performance.md, section "The shared split heuristic"."""
     wide = dtype_name in ("bfloat16", "float16")
     if rows < sms:
@@ -214,7 +215,9 @@ def split_heuristic(dtype_name: str, V: int, rows: int, sms: int) -> dict:
         return {"BLOCK_V": block, "SPLIT": 1, "num_warps": 16, "num_stages": 1,
                 "UNROLL": 2 if cdiv(V, block) >= 2 else 1}
     block = 1024
-    programs = (8 if wide else 6) * sms
-    split = min(nearest_pow2(programs / rows), 128, next_pow2(cdiv(V, block)))
-    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 4, "num_stages": 1,
-            "UNROLL": 2 if split_plan(V, block, split)[1] >= 2 else 1}
+    per_sm = 8 if wide else 6
+    split = min(nearest_pow2(per_sm * sms / rows), 128, next_pow2(cdiv(V, block)))
+    # One program a row that all fit at once: 8 warps, twice the loads in flight a row
+    one_wave = split == 1 and rows <= per_sm * sms
+    return {"BLOCK_V": block, "SPLIT": split, "num_warps": 8 if one_wave else 4,
+            "num_stages": 1, "UNROLL": 2 if split_plan(V, block, split)[1] >= 2 else 1}
