@@ -16,7 +16,7 @@ Format (JSON, one object; `format` names the version):
         "timing": "cuda-graph replay median ..." | "wall clock under the Triton interpreter ...",
         "torch": "2.11.0", "triton": "3.6.0", "optuna": "4.5.0", "cuda": "12.8",
         "python": "3.12.3",
-        "source_hash": "<16 hex>",      # Tunable.source_hash(): the kernels' source
+        "source_hash": "<16 hex>",      # Tunable.source_hash(): the kernels' source and callees
         "space_hash": "<16 hex>",       # Tunable.space_hash(): the search space
         "space": {"BLOCK_V": [512, ...], ...},
         "date": "2025-01-01T12:00:00+00:00"   # UTC, when this file was written

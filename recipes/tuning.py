@@ -14,15 +14,18 @@ dispatch looks for a nearby tuned key; numeric fields are compared in log2 space
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import inspect
 import itertools
+import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from triton.runtime.jit import KernelInterface
 
 from ._common import SAME_SIZE_INT
 
@@ -57,11 +60,12 @@ class Tuning:
         return hashlib.sha256(repr(sorted(self.space.items())).encode()).hexdigest()[:16]
 
     def source_hash(self) -> str:
-        """A hash of the kernels' and launchers' code (docstrings and comments left out):
-        a table tuned for other code may no longer hold, and dispatch ignores it."""
+        """A hash of the kernels' and launchers' code (docstrings and comments left out)
+        and of every function the kernels call, however deep (`source_texts`): a table
+        tuned for other code may no longer hold, and dispatch ignores it."""
         h = hashlib.sha256()
-        for obj in self.sources:
-            h.update(code_text(getattr(obj, "fn", obj)).encode())  # a JITFunction wraps .fn
+        for text in source_texts(self.sources):
+            h.update(text.encode())
         return h.hexdigest()[:16]
 
     def equal(self, ours, ref) -> bool:
@@ -79,13 +83,103 @@ class Tuning:
             return False
 
 
-def code_text(obj) -> str:
-    """The source of a function or module as its syntax tree prints it: the same text for
-    the same code, whatever its docstrings, comments and layout."""
+def _is_jit(obj) -> bool:
+    """A `@triton.jit` function, compiled or under the interpreter (another class there)."""
+    return isinstance(obj, KernelInterface) and inspect.isfunction(getattr(obj, "fn", None))
+
+
+_DEFS: dict[str, dict[str, list]] = {}
+
+
+def _module(name: str):
+    """The loaded module `name` (imported if need be), or None where it cannot be."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
-    except (OSError, TypeError, SyntaxError):
-        return repr(obj)
+        return sys.modules.get(name) or importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _module_defs(module_name: str) -> dict[str, list]:
+    """Name -> every function definition of that name at a module's top level, including
+    those under a module-level `if` (a helper defined one way compiled and another way
+    under the interpreter has both)."""
+    defs = _DEFS.get(module_name)
+    if defs is None:
+        defs = {}
+        try:
+            tree = ast.parse(inspect.getsource(_module(module_name)))
+        except (OSError, TypeError, SyntaxError):
+            tree = ast.Module(body=[], type_ignores=[])
+        todo = list(tree.body)
+        while todo:
+            node = todo.pop(0)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(node.name, []).append(node)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                todo[:0] = [*node.body, *getattr(node, "orelse", []),
+                            *getattr(node, "finalbody", [])]
+        _DEFS[module_name] = defs
+    return defs
+
+
+def _device_calls(module_name: str, node) -> list[tuple[str, str]]:
+    """(module, name) of the functions of our own code that a kernel-code definition
+    names, bare or as `module.name`, in order of appearance (Triton's own left out)."""
+    module = _module(module_name)
+    scope = vars(module) if module is not None else {}
+    local = _module_defs(module_name)
+    out = []
+    for n in ast.walk(node):
+        target = None
+        if isinstance(n, ast.Name):
+            obj = scope.get(n.id)
+            fn = obj.fn if _is_jit(obj) else obj
+            if n.id in local:
+                target = (module_name, n.id)
+            elif inspect.isfunction(fn) and fn.__name__ in _module_defs(fn.__module__):
+                target = (fn.__module__, fn.__name__)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            base = scope.get(n.value.id)
+            if inspect.ismodule(base) and n.attr in _module_defs(base.__name__):
+                target = (base.__name__, n.attr)
+        if target is not None and not target[0].startswith("triton"):
+            out.append(target)
+    return out
+
+
+def source_texts(sources) -> list[str]:
+    """The code text of each of `sources`, then of every function that the kernels among
+    them call, however deep (depth first, each once): all of its definitions in its
+    module, so the texts are the same compiled and under the interpreter."""
+    seen = set()
+
+    def visit(module_name, name):
+        if (module_name, name) in seen:
+            return
+        seen.add((module_name, name))
+        defs = _module_defs(module_name).get(name, [])
+        texts.append(_defs_text(module_name, name))
+        for d in defs:
+            for target in _device_calls(module_name, d):
+                visit(*target)
+
+    kernels = [obj.fn for obj in sources if _is_jit(obj)]
+    seen.update((fn.__module__, fn.__name__) for fn in kernels)
+    texts = [code_text(getattr(obj, "fn", obj)) for obj in sources]  # a JITFunction wraps .fn
+    for fn in kernels:
+        for d in _module_defs(fn.__module__).get(fn.__name__, []):
+            for target in _device_calls(fn.__module__, d):
+                visit(*target)
+    return texts
+
+
+@functools.lru_cache(maxsize=None)
+def _defs_text(module_name: str, name: str) -> str:
+    return "\n".join(_unparse(d) for d in _module_defs(module_name).get(name, []))
+
+
+def _unparse(tree) -> str:
+    """A syntax tree as text, its docstrings left out."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -94,6 +188,23 @@ def code_text(obj) -> str:
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
     return ast.unparse(tree)
+
+
+def code_text(obj) -> str:
+    """The source of a function or module as its syntax tree prints it: the same text for
+    the same code, whatever its docstrings, comments and layout."""
+    try:
+        return _code_text(obj)          # remembered: kernels recur across tunings
+    except TypeError:                   # unhashable
+        return _code_text.__wrapped__(obj)
+
+
+@functools.lru_cache(maxsize=None)
+def _code_text(obj) -> str:
+    try:
+        return _unparse(ast.parse(textwrap.dedent(inspect.getsource(obj))))
+    except (OSError, TypeError, SyntaxError):
+        return repr(obj)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -159,3 +159,57 @@ def test_source_hash_follows_code_not_docstrings():
     assert code_text(_code_a).replace("_code_a", "f") == code_text(_code_b).replace("_code_b", "f")
     assert hash_of(_code_a) != hash_of(_code_c)
     assert hash_of(_code_a) == hash_of(_code_a)
+
+
+_KERNEL_MODULE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _leaf(x):
+    return x + {step}
+
+
+@triton.jit
+def _middle(x):
+    return _leaf(x) * 2
+
+
+@triton.jit
+def kernel(p):
+    tl.store(p, _middle(tl.load(p)))
+"""
+
+
+def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
+    """Two kernels of the same text whose callee's callee differs hash differently; a
+    real recipe's hash reaches the shared scan it does not list itself, once."""
+    import importlib
+    import importlib.util
+    import sys
+
+    from recipes.tuning import source_texts
+
+    def kernel_with(i, step):
+        path = tmp_path / f"kern_{i}.py"
+        path.write_text(_KERNEL_MODULE.format(step=step))
+        spec = importlib.util.spec_from_file_location(f"kern_{i}", path)
+        mod = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, mod)   # the closure looks it up
+        spec.loader.exec_module(mod)
+        return mod.kernel
+
+    def hash_of(fn):
+        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
+                       reference=None, bytes_moved=None, default_keys=None,
+                       sources=(fn,)).source_hash()
+
+    one, one_again, two = kernel_with(0, "1"), kernel_with(1, "1  "), kernel_with(2, "2")
+    assert len(source_texts([one])) == 3            # kernel, _middle, _leaf
+    assert hash_of(one) == hash_of(one_again)      # layout is not code
+    assert hash_of(one) != hash_of(two)
+    argmax = importlib.import_module("recipes.argmax")
+    texts = "\n".join(source_texts(argmax.TUNING.sources))
+    for callee in ("def chunk_scan(", "def lane_update(", "def pack(", "def pdl_enter("):
+        assert texts.count(callee) == 1, callee
