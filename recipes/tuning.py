@@ -19,7 +19,6 @@ import hashlib
 import importlib
 import inspect
 import itertools
-import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -88,37 +87,32 @@ def _is_jit(obj) -> bool:
     return isinstance(obj, KernelInterface) and inspect.isfunction(getattr(obj, "fn", None))
 
 
-_DEFS: dict[str, dict[str, list]] = {}
-
-
 def _module(name: str):
     """The loaded module `name` (imported if need be), or None where it cannot be."""
     try:
-        return sys.modules.get(name) or importlib.import_module(name)
+        return importlib.import_module(name)
     except ImportError:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def _module_defs(module_name: str) -> dict[str, list]:
     """Name -> every function definition of that name at a module's top level, including
     those under a module-level `if` (a helper defined one way compiled and another way
     under the interpreter has both)."""
-    defs = _DEFS.get(module_name)
-    if defs is None:
-        defs = {}
-        try:
-            tree = ast.parse(inspect.getsource(_module(module_name)))
-        except (OSError, TypeError, SyntaxError):
-            tree = ast.Module(body=[], type_ignores=[])
-        todo = list(tree.body)
-        while todo:
-            node = todo.pop(0)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defs.setdefault(node.name, []).append(node)
-            elif isinstance(node, (ast.If, ast.Try, ast.With)):
-                todo[:0] = [*node.body, *getattr(node, "orelse", []),
-                            *getattr(node, "finalbody", [])]
-        _DEFS[module_name] = defs
+    try:
+        tree = ast.parse(inspect.getsource(_module(module_name)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    defs: dict[str, list] = {}
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs.setdefault(node.name, []).append(node)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo[:0] = [*node.body, *getattr(node, "orelse", []),
+                        *getattr(node, "finalbody", [])]
     return defs
 
 
@@ -151,25 +145,20 @@ def source_texts(sources) -> list[str]:
     """The code text of each of `sources`, then of every function that the kernels among
     them call, however deep (depth first, each once): all of its definitions in its
     module, so the texts are the same compiled and under the interpreter."""
-    seen = set()
-
-    def visit(module_name, name):
-        if (module_name, name) in seen:
-            return
-        seen.add((module_name, name))
-        defs = _module_defs(module_name).get(name, [])
-        texts.append(_defs_text(module_name, name))
-        for d in defs:
-            for target in _device_calls(module_name, d):
-                visit(*target)
-
     kernels = [obj.fn for obj in sources if _is_jit(obj)]
-    seen.update((fn.__module__, fn.__name__) for fn in kernels)
+    seen = {(fn.__module__, fn.__name__) for fn in kernels}
     texts = [code_text(getattr(obj, "fn", obj)) for obj in sources]  # a JITFunction wraps .fn
+
+    def walk(module_name, name):        # the callees of every definition of `name`
+        for d in _module_defs(module_name).get(name, []):
+            for target in _device_calls(module_name, d):
+                if target not in seen:
+                    seen.add(target)
+                    texts.append(_defs_text(*target))
+                    walk(*target)
+
     for fn in kernels:
-        for d in _module_defs(fn.__module__).get(fn.__name__, []):
-            for target in _device_calls(fn.__module__, d):
-                visit(*target)
+        walk(fn.__module__, fn.__name__)
     return texts
 
 
