@@ -64,6 +64,7 @@ from recipes._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
     chunk_argmax_packed,
+    lane_vec,
     publish_packed,
     split_plan,
     unpack_index,
@@ -129,7 +130,8 @@ def _spin_finish(packed, pid, b, out_ptr, acc_ptr, N, n_split, NP: tl.constexpr,
 @triton.jit
 def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_split,
                   tiles_per, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, NP: tl.constexpr,
-                  STAGE: tl.constexpr, PDL: tl.constexpr, SP: tl.constexpr = 1):
+                  STAGE: tl.constexpr, PDL: tl.constexpr, SP: tl.constexpr = 1,
+                  VEC: tl.constexpr = 1):
     """READ: a float sum of the chunk, stored per program (out float32 [programs]);
     SPLIT: the chunk's packed argmax, stored per program (out int64 [programs]);
     FINISH: published to its row's slot, and the request's last program writes the N
@@ -149,7 +151,7 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
         C.pdl_release(PDL)
         tl.store(out_ptr + pid, tl.sum(acc, 0))
     else:
-        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
         C.pdl_release(PDL)
         if STAGE == 1:                  # SPLIT
             tl.store(out_ptr + pid, packed)
@@ -239,7 +241,8 @@ class Shape:
         grid, split, tiles_per, pdl = self.plan(cfg)
         N, V = self.N, self.V
         kw = dict(num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl > 0)
-        tile = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl)
+        tile = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl,
+                    VEC=lane_vec(self.dtype.itemsize, cfg["BLOCK_V"], cfg["num_warps"]))
 
         def stage(which, out):
             sp = C.next_pow2(N * split) if which == SPIN else 1
@@ -288,6 +291,8 @@ class Shape:
         acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N * split, self.B)
         k = _stage_kernel.warmup(x, self.tokens, acc, cnt, self.V, self.N, 1, 1, split,
                                  tiles_per, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
+                                 VEC=lane_vec(x.element_size(), cfg["BLOCK_V"],
+                                              cfg["num_warps"]),
                                  PDL=pdl, NP=C.next_pow2(self.N), STAGE=SPIN,
                                  SP=C.next_pow2(self.N * split), num_warps=cfg["num_warps"],
                                  num_stages=1, grid=(grid,))

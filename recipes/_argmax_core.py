@@ -7,10 +7,12 @@
 * a row of all -inf gives index 0 (every element ties);
 * -0.0 and +0.0 are equal (they tie, the lower index wins).
 
-The reduction has two stages. Stage 1: each program scans a chunk of one row, keeping
-a running best value and tile *per lane* (a strict `>` keeps the earlier element on a
-tie, since a lane sees its indices in increasing order), then folds its lanes with one
-int64 max over their packed (key, index). Stage 2 folds the chunks of a row: every program turns its
+The reduction has two stages. Stage 1: each program scans a chunk of one row. A lane
+is one 16-byte load of each tile; it keeps the best of its loads' maxima and the tile
+it came from (a strict `>` keeps the earlier tile on a tie, since a lane sees its
+indices in increasing order), the lanes fold with one int64 max over their packed (key,
+first index of the load), and the winning load is read again to find its first element
+of that value. Stage 2 folds the chunks of a row: every program turns its
 (value, index) into one int64 whose signed order is the argmax order (`pack`), and
 `atomic_max`es it into the row's slot; an arrival counter tells the last program of a
 group that every chunk is in. Because `pack` orders exactly as the rules do,
@@ -25,7 +27,7 @@ pack(x, i) = key << 32 | (0x7FFFFFFF - i): larger key first, then lower index.
 import triton
 import triton.language as tl
 
-from ._common import cdiv, nearest_pow2, next_pow2
+from ._common import cdiv, interpreter_active, nearest_pow2, next_pow2
 
 PACKED_EMPTY = tl.constexpr(-(2**63))  # INT64_MIN: the resting value of a stage-2 slot
 
@@ -42,11 +44,44 @@ def lane_update(x, tile, best, best_tile):
 
 
 @triton.jit
-def chunk_first(row_ptr, lo, hi, BLOCK: tl.constexpr, UNROLL: tl.constexpr = 1):
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+# One tile of the lane-max scan: each lane (a row of `x`, the VEC elements of one load)
+# takes the NaN-propagating max of its elements, and only a strictly better one (or a
+# first NaN: `lane_update`'s rule) replaces the lane's best and tile. Compiled, the max
+# is one reduce with `_max_nan`. The interpreter would run that combine element by
+# element in Python (and a nested device call costs it more than the tile's arithmetic),
+# but runs the tie-break-left argmax combine as numpy's max, which propagates NaN: the
+# same values in one array operation.
+if interpreter_active():
+    @triton.jit
+    def lane_fold(x, tile, best, best_tile):
+        m = tl.reduce(x.to(tl.float32), 1, tl.standard._argmax_combine_tie_break_left)
+        take = (~(m <= best)) & (best == best)
+        return tl.where(take, m, best), tl.where(take, tile, best_tile)
+else:
+    @triton.jit
+    def lane_fold(x, tile, best, best_tile):
+        m = tl.reduce(x.to(tl.float32), 1, _max_nan)
+        take = (~(m <= best)) & (best == best)
+        return tl.where(take, m, best), tl.where(take, tile, best_tile)
+
+
+@triton.jit
+def _tile_offsets(lo, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """Offsets of a tile from lo as [BLOCK // VEC, VEC]: a row is one lane's load."""
+    return lo + tl.arange(0, BLOCK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+
+
+@triton.jit
+def chunk_first(row_ptr, lo, hi, BLOCK: tl.constexpr, UNROLL: tl.constexpr = 1,
+                VEC: tl.constexpr = 1):
     """The first step's loads of `chunk_scan` (UNROLL tiles from lo; the second is a
     copy of the first when UNROLL is 1 and never read). A caller issues them itself
     when it has other loads to put in flight with them before the scan."""
-    o0 = lo + tl.arange(0, BLOCK)
+    o0 = _tile_offsets(lo, BLOCK, VEC)
     x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"))
     x1 = x0
     if UNROLL > 1:
@@ -57,26 +92,31 @@ def chunk_first(row_ptr, lo, hi, BLOCK: tl.constexpr, UNROLL: tl.constexpr = 1):
 
 @triton.jit
 def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
-               UNROLL: tl.constexpr = 1):
+               UNROLL: tl.constexpr = 1, VEC: tl.constexpr = 1):
     """Argmax of row_ptr[lo:hi] as one packed int64 (see `pack`), scanning n_tiles tiles
     of BLOCK from lo, UNROLL tiles per step (their loads in flight together, the lane
     state shared), the first step's tiles x0, x1 already loaded (`chunk_first`).
-    Software-pipelined: the next step's loads are issued before this
-    step's tiles are folded, so the memory pipe never drains between steps
-    (docs/performance.md, section "The split argmax scan"). Lanes past
-    `hi` load -inf and can only tie, at a higher index than lane lo, so they never win
-    (the loads one step past the chunk are fully masked: no memory traffic); a chunk with
-    no element left (lo >= hi) gives pack(-inf, lo), which loses to any real element and
-    ties behind index 0."""
-    lanes = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_tile = tl.zeros([BLOCK], tl.int32)
-    o0 = lo + lanes
+
+    A lane is one load of VEC consecutive elements (16 bytes; `lane_vec`). It keeps the
+    best of its per-tile maxima and the tile it came from (`lane_fold`: one compare a
+    load, not one an element). The lanes fold with one int64 max over pack(best, first
+    index of the lane's load in that tile), whose order is the order of the elements
+    they stand for (lanes cover disjoint index ranges), and the program reads the
+    winning load once more to find the first element equal to the best (or the first
+    NaN). Software-pipelined: the next step's loads are issued before this step's tiles
+    are folded (docs/performance.md, section "The split argmax scan"). Lanes past `hi`
+    load -inf and can only tie, at a higher index than lane lo, so they never win; a
+    chunk with no element left (lo >= hi) gives pack(-inf, lo), which loses to any real
+    element and ties behind index 0."""
+    R: tl.constexpr = BLOCK // VEC
+    best = tl.full([R], float("-inf"), tl.float32)
+    best_tile = tl.zeros([R], tl.int32)
+    o0 = _tile_offsets(lo, BLOCK, VEC)
     if UNROLL == 1:
         for t in range(0, n_tiles):
             on = o0 + (t + 1) * BLOCK
             xn = tl.load(row_ptr + on, mask=on < hi, other=float("-inf"))
-            best, best_tile = lane_update(x0.to(tl.float32), t, best, best_tile)
+            best, best_tile = lane_fold(x0, t, best, best_tile)
             x0 = xn
     else:
         for t in range(0, n_tiles, 2):
@@ -84,20 +124,31 @@ def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
             n1 = n0 + BLOCK
             y0 = tl.load(row_ptr + n0, mask=n0 < hi, other=float("-inf"))
             y1 = tl.load(row_ptr + n1, mask=n1 < hi, other=float("-inf"))
-            best, best_tile = lane_update(x0.to(tl.float32), t, best, best_tile)
-            best, best_tile = lane_update(x1.to(tl.float32), t + 1, best, best_tile)
+            best, best_tile = lane_fold(x0, t, best, best_tile)
+            best, best_tile = lane_fold(x1, t + 1, best, best_tile)
             x0 = y0
             x1 = y1
-    # one int64 max folds the lanes: larger key first, then the lower index
-    return tl.max(pack(best, lo + best_tile * BLOCK + lanes), 0)
+    win = tl.max(pack(best, lo + best_tile * BLOCK + tl.arange(0, R) * VEC), 0)
+    at = unpack_index(win)
+    value = unpack_value(win)
+    k = tl.arange(0, VEC)
+    v = tl.load(row_ptr + at + k, mask=at + k < hi, other=float("-inf")).to(tl.float32)
+    hit = tl.where(value != value, v != v, v == value)
+    return pack(value, at + tl.min(tl.where(hit, k, VEC), 0))
 
 
 @triton.jit
 def chunk_argmax_packed(row_ptr, lo, hi, n_tiles, BLOCK: tl.constexpr,
-                        UNROLL: tl.constexpr = 1):
+                        UNROLL: tl.constexpr = 1, VEC: tl.constexpr = 1):
     """`chunk_scan` of row_ptr[lo:hi] from its own first loads."""
-    x0, x1 = chunk_first(row_ptr, lo, hi, BLOCK, UNROLL)
-    return chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK, UNROLL)
+    x0, x1 = chunk_first(row_ptr, lo, hi, BLOCK, UNROLL, VEC)
+    return chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK, UNROLL, VEC)
+
+
+def lane_vec(itemsize: int, block: int, num_warps: int) -> int:
+    """Host side: the elements of one lane of `chunk_scan` for a config: a 16-byte load,
+    or fewer where the tile gives each thread fewer (so a lane's max stays in a thread)."""
+    return max(1, min(16 // itemsize, block // (32 * num_warps)))
 
 
 @triton.jit

@@ -26,6 +26,7 @@ from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
     chunk_argmax_packed,
+    lane_vec,
     publish_packed,
     split_constraint,
     split_heuristic,
@@ -45,14 +46,14 @@ def reference(logits: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _argmax_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, stride_r, n_split, tiles_per,
                    ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                   UNROLL: tl.constexpr, PDL: tl.constexpr):
+                   UNROLL: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     row = pid // n_split
     lo = (pid % n_split) * tiles_per * BLOCK_V
     hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
     row_ptr = x_ptr + row.to(tl.int64) * stride_r
-    packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
     C.pdl_release(PDL)
     if ONE_CHUNK:
         tl.store(out_ptr + row, unpack_index(packed).to(tl.int64))
@@ -96,7 +97,8 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
     pdl = C.pdl(logits.device, R * split)
     _argmax_kernel[(R * split,)](
         logits, out, acc, cnt, V, logits.stride(0), split, tiles_per,
-        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], PDL=pdl,
+        ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
+        VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]), PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 

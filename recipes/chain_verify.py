@@ -63,6 +63,7 @@ from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
     chunk_argmax_packed,
+    lane_vec,
     publish_packed,
     split_constraint,
     split_heuristic,
@@ -188,8 +189,8 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
                    stride_db, stride_dk, stride_t, stride_s, stride_p, n_split, tiles_per,
                    seq_ptr, stride_seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
                    BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
-                   SAMPLED: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
-                   PDL: tl.constexpr, SGLANG: tl.constexpr):
+                   VEC: tl.constexpr, SAMPLED: tl.constexpr, EXACT: tl.constexpr,
+                   MAXC: tl.constexpr, PDL: tl.constexpr, SGLANG: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
@@ -217,9 +218,9 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
             packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
                                           BLOCK_V, EXACT, MAXC, UNROLL == 2)
         else:
-            packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+            packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
     else:
-        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL)
+        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
     C.pdl_release(PDL)
     row = b.to(tl.int64) * (K + 1) + j
     arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
@@ -410,6 +411,7 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
             draft_tokens.stride(1), st, ss, sp, split, tiles_per,
             seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq)
     meta = dict(BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
+                VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
                 SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0), MAXC=MAXC,
                 PDL=pdl, SGLANG=sglang is not None, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], launch_pdl=pdl > 0)

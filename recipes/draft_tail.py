@@ -80,6 +80,7 @@ from ._argmax_core import (
     SPLIT_SPACE,
     chunk_first,
     chunk_scan,
+    lane_vec,
     publish_packed,
     spin_collect,
     split_constraint,
@@ -188,7 +189,8 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
                  HAS_ROWS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr,
                  HAS_DT: tl.constexpr, ONE_CHUNK: tl.constexpr, SPIN: tl.constexpr,
                  FUSE_H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                 UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
+                 UNROLL: tl.constexpr, VEC: tl.constexpr, SP: tl.constexpr,
+                 PDL: tl.constexpr):
     b = q // n_split
     s = q % n_split
     first = s == 0
@@ -203,10 +205,10 @@ def _argmax_tail(q, x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt_pt
         hc = s * h_slice + hl
         hm = (hl < h_slice) & (hc < H)
         hv = tl.load(h_ptr + r * stride_h + hc, mask=hm)
-    x0, x1 = chunk_first(row, lo, hi, BLOCK_V, UNROLL)
+    x0, x1 = chunk_first(row, lo, hi, BLOCK_V, UNROLL, VEC)
     if FUSE_H:
         tl.store(hout_ptr + b.to(tl.int64) * H + hc, hv, mask=hm)
-    packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL)
+    packed = chunk_scan(row, x0, x1, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
     C.pdl_release(PDL)
     tl.store(probs_ptr + b, 1.0, mask=first)
     if HAS_POS:
@@ -248,7 +250,8 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                        HAS_HIDDEN: tl.constexpr, ONE_CHUNK: tl.constexpr,
                        SPIN: tl.constexpr, FUSE_H: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UNROLL: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,
+                       UNROLL: tl.constexpr, VEC: tl.constexpr, SP: tl.constexpr,
+                       PDL: tl.constexpr,
                        HAS_GATHER: tl.constexpr, BLOCK_G: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -259,7 +262,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                          stride_rows, stride_map, stride_pos, stride_dt, dt_col, n_split,
                          tiles_per, H, stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS,
                          HAS_DT, ONE_CHUNK, SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H,
-                         UNROLL, SP, PDL)
+                         UNROLL, VEC, SP, PDL)
         elif HAS_GATHER:
             # copy programs: the n_hid hidden tiles first (none when fused or absent),
             # then the gathered rows
@@ -279,7 +282,7 @@ def _draft_tail_kernel(x_ptr, rows_ptr, map_ptr, tok_ptr, probs_ptr, pos_ptr, dt
                      h_ptr, hout_ptr, acc_ptr, cnt_ptr, R, V, stride_x, stride_rows,
                      stride_map, stride_pos, stride_dt, dt_col, n_split, tiles_per, H,
                      stride_h, h_slice, HAS_ROWS, HAS_MAP, HAS_POS, HAS_DT, ONE_CHUNK,
-                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, SP, PDL)
+                     SPIN, HAS_HIDDEN and FUSE_H, BLOCK_V, BLOCK_H, UNROLL, VEC, SP, PDL)
 
 
 # --- search space and heuristic -------------------------------------------------------
@@ -442,6 +445,7 @@ def launch_draft_tail(logits: torch.Tensor, rows: torch.Tensor | None,
         HAS_POS=positions is not None, HAS_DT=draft_tokens is not None,
         HAS_HIDDEN=H > 0, ONE_CHUNK=split == 1, SPIN=spin, FUSE_H=fuse,
         BLOCK_V=cfg["BLOCK_V"], BLOCK_H=block_h, UNROLL=cfg["UNROLL"],
+        VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         SP=next_pow2(split) if spin else 1, PDL=pdl, HAS_GATHER=G > 0, BLOCK_G=block_g,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 

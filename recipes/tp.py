@@ -78,6 +78,7 @@ from . import chain_verify as CV
 from ._argmax_core import (
     PACKED_EMPTY,
     chunk_argmax_packed,
+    lane_vec,
     pack,
     publish_packed,
     split_plan,
@@ -102,18 +103,19 @@ def reference(logits, draft_tokens=None, temperature=None, seeds=None, positions
 # --- kernels ---------------------------------------------------------------------------
 @triton.jit
 def _greedy_key(row_ptr, lo, hi, vs, tiles_per, BLOCK_V: tl.constexpr,
-                UNROLL: tl.constexpr):
+                UNROLL: tl.constexpr, VEC: tl.constexpr):
     """Packed argmax of the rank's columns [lo, hi) at global ids: pack(x, i) - vs is
     pack(x, vs + i)."""
-    return chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL) - vs
+    return chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC) - vs
 
 
 @triton.jit
 def _keys_kernel(x_ptr, keys_ptr, acc_ptr, cnt_ptr, temp_ptr, seed_ptr, pos_ptr,
                  vs, vs4, n_live, K1, stride_b, stride_j, stride_t, stride_s, stride_p,
                  n_split, tiles_per, ONE_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                 UNROLL: tl.constexpr, SAMPLED: tl.constexpr, EXACT: tl.constexpr,
-                 MAXC: tl.constexpr, LIVE_LO: tl.constexpr, PDL: tl.constexpr):
+                 UNROLL: tl.constexpr, VEC: tl.constexpr, SAMPLED: tl.constexpr,
+                 EXACT: tl.constexpr, MAXC: tl.constexpr, LIVE_LO: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program pid scans chunk c of row b*K1 + j (rows of the rank's columns, n_live of
     them live). Chunks tile [vs4, vs + n_live) in global ids, vs4 = vs rounded down to a
     multiple of 4 (= vs unless LIVE_LO)."""
@@ -151,9 +153,9 @@ def _keys_kernel(x_ptr, keys_ptr, acc_ptr, cnt_ptr, temp_ptr, seed_ptr, pos_ptr,
                 packed = sampled_chunk_packed(row_ptr - vs, glo, ghi, tiles_per, T, seed,
                                               ctr, BLOCK_V, EXACT, MAXC, UNROLL == 2)
         else:
-            packed = _greedy_key(row_ptr, llo, lhi, vs, tiles_per, BLOCK_V, UNROLL)
+            packed = _greedy_key(row_ptr, llo, lhi, vs, tiles_per, BLOCK_V, UNROLL, VEC)
     else:
-        packed = _greedy_key(row_ptr, llo, lhi, vs, tiles_per, BLOCK_V, UNROLL)
+        packed = _greedy_key(row_ptr, llo, lhi, vs, tiles_per, BLOCK_V, UNROLL, VEC)
     C.pdl_release(PDL)
     if ONE_CHUNK:
         tl.store(keys_ptr + row, packed)
@@ -206,7 +208,8 @@ def _launch_keys(x, keys, cfg, vs, n_live, B, K1, stride_b, stride_j, sampling) 
     _keys_kernel[(R * split,)](
         x, keys, acc, cnt, temp, seeds, pos, vs, vs4, n_live, K1, stride_b, stride_j,
         st, ss, sp, split, tiles_per, ONE_CHUNK=split == 1, BLOCK_V=cfg["BLOCK_V"],
-        UNROLL=cfg["UNROLL"], SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0),
+        UNROLL=cfg["UNROLL"], VEC=lane_vec(x.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
+        SAMPLED=sampling is not None, EXACT=cfg.get("EXACT", 0),
         MAXC=CV.MAXC, LIVE_LO=vs4 != vs, PDL=pdl, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 

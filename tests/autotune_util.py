@@ -37,9 +37,10 @@ PY = sys.executable
 
 def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     """Run in a fresh process without the interpreter (`test_autotune_compile`): probe the
-    `recipe`'s smoke key's first configs for an sm_90 target with no GPU (the tuner's
-    worker driver, which only reports the target), compile them in a pool of two
-    processes, then load them the way the measuring process does (Triton's JIT with
+    `recipe`'s smoke key's first three configs (the SGLang adapter's: the three with the
+    most elements a thread, which need its register cap) for an sm_90 target with no GPU
+    (the tuner's worker driver, which only reports the target), compile them in a pool
+    of two processes, then load them the way the measuring process does (Triton's JIT with
     warmup=True: compile or load, no launch). Returns what the test checks.
 
     The SGLang adapter (`sglang_target_verify`) caps its kernel at the plain variant's
@@ -70,6 +71,9 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     if recipe == "relay":       # the smoke key's grid holds 2 configs: a default key
         key = {**key, "B": 8, "width": 4096, "nfields": 5}
     grid = t.configs(key)[:3]
+    if recipe == "sglang_target_verify":     # the most elements a thread: they need a cap
+        grid = sorted(t.configs(key), key=lambda c: -c["BLOCK_V"] * c["UNROLL"]
+                      // c["num_warps"])[:3]
     per, bins = TC.probe(t.run, t.make_inputs(key, cpu, 0), grid)
     per2 = None
     if recipe == "argmax":                       # R is no kernel argument: same binaries
@@ -109,8 +113,8 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
            "probed_not_loaded": len(set(bins) - watch.loaded),
            "new_files": sorted(new)}
     # a config the pool never had: the measuring side compiles it, counted by kernel
-    extra = next(c for c in t.configs(key)[3:]
-                 if not set(TC.probe(t.run, x, [c])[1]) <= set(bins))
+    extra = next(c for c in t.configs(key) if c not in grid
+                 and not set(TC.probe(t.run, x, [c])[1]) <= set(bins))
     JITFunction.run = compile_only
     try:
         with watch:
