@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from typing import Iterable
 
 import torch
@@ -321,11 +322,11 @@ class _Workspace:
     buffer serves every launch on a stream. It grows (an allocation) only when a call
     needs more slots than any earlier call on that device: warm up at the largest batch
     before capturing a CUDA graph (growing inside a capture raises, since the buffer
-    would live in that graph's memory pool). On CUDA it is allocated on a side stream,
-    so that it never lands in a pool that the current stream's allocations are routed
-    to (torch.compile's "reduce-overhead" warm-up routes them to its CUDA-graph pool,
-    and then finds a live tensor there that is not an output). Launches that share it
-    must not run concurrently on different streams.
+    would live in that graph's memory pool). On CUDA it is allocated by another thread
+    (`_apart`), so that it never lands in a pool that the caller's allocations are routed
+    to (torch.compile's "reduce-overhead" warm-up routes its thread's allocations to its
+    CUDA-graph pool, and then finds a live tensor there that is not an output).
+    Launches that share it must not run concurrently on different streams.
     """
 
     def __init__(self, what: str = "the split-reduction scratch") -> None:
@@ -347,13 +348,12 @@ class _Workspace:
         acc, cnt = (None, None) if got is None else got[:2]
         grow_acc = acc is None or acc.numel() < rows
         grow_cnt = cnt is None or cnt.numel() < groups
-        with _side_stream(device):
-            if grow_acc:
-                acc = torch.full((max(1024, next_pow2(rows)),), INT64_MIN,
-                                 dtype=torch.int64, device=device)
-            if grow_cnt:
-                cnt = torch.zeros((max(1024, next_pow2(groups)),), dtype=torch.int32,
-                                  device=device)
+        if grow_acc:
+            acc = _apart(device, lambda: torch.full(
+                (max(1024, next_pow2(rows)),), INT64_MIN, dtype=torch.int64, device=device))
+        if grow_cnt:
+            cnt = _apart(device, lambda: torch.zeros(
+                (max(1024, next_pow2(groups)),), dtype=torch.int32, device=device))
         if got is not None and device.type == "cuda":     # work queued on the old ones
             for old in (got[0] if grow_acc else None, got[1] if grow_cnt else None):
                 if old is not None:
@@ -362,19 +362,32 @@ class _Workspace:
         return acc, cnt
 
 
-@contextlib.contextmanager
-def _side_stream(device: torch.device):
-    """On CUDA: run the block on a fresh stream ordered after the current one, then order
-    the current one after it (no host sync). Elsewhere: nothing."""
+def _apart(device: torch.device, make):
+    """make() (an allocation and its fill). On CUDA: run by another thread on a fresh
+    stream ordered after the current one, the current one then ordered after it (no host
+    sync): CUDA-graph pools route the allocations of a thread (torch.compile's
+    warm-up, a capture), and this memory must outlive any graph. Elsewhere: here."""
     if device.type != "cuda":
-        yield
-        return
+        return make()
     cur = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(cur)
-    with torch.cuda.stream(side):
-        yield
+    got: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.stream(side):
+                got["out"] = make()
+        except BaseException as e:          # re-raised on the caller's thread
+            got["err"] = e
+
+    t = threading.Thread(target=work, name="spec-cookbook-workspace")
+    t.start()
+    t.join()
+    if "err" in got:
+        raise got["err"]
     cur.wait_stream(side)
+    return got["out"]
 
 
 WORKSPACE = _Workspace()
