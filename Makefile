@@ -17,6 +17,8 @@ else
   SETUP := $(VENV)/.installed
 endif
 PYTEST_ARGS ?=
+# pytest-xdist workers: one a core, at most 8 (the interpreter's tests are CPU-bound)
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; echo $$n)
 
 .PHONY: install test test-gpu tune quality bench targets example-bench lint clean
 
@@ -35,13 +37,13 @@ install: $(SETUP)
 
 # CPU (Triton interpreter) or CUDA, whichever this machine has.
 test: $(SETUP)
-	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
 
 # The same suite with compiled kernels; fails if no GPU is visible.
 test-gpu: $(SETUP)
 	$(PY_SYS) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device visible')"
-	@SPEC_TEST_DEVICE=cuda $(PY_SYS) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@SPEC_TEST_DEVICE=cuda $(PY_SYS) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-gpu: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
 
 # The default key set on this GPU -> results/<gpu>/<recipe>.json and tune-report.json;
