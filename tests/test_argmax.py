@@ -31,6 +31,61 @@ def test_hard_inputs(device, dtype, V, R):
         assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
 
 
+def _lane_rows(V, dtype, device):
+    """Rows about the scan's lanes (a lane is one 16-byte load of each tile; see
+    `chunk_scan`), with the index each must give."""
+    rows, want = [], []
+
+    def row(fill=None):
+        r = torch.randn(V, generator=torch.Generator().manual_seed(len(rows))) * 0.1
+        if fill is not None:
+            r.fill_(fill)
+        rows.append(r)
+        return r
+
+    r = row()
+    r[5], r[2] = 3.0, 3.0                           # a tie inside one load
+    want.append(2)
+    r = row()
+    r[1024 + 1], r[7 * 8 + 3] = 3.0, 3.0            # a lower lane's later tile ties a
+    want.append(59)                                 # higher lane's earlier tile
+    r = row()
+    r[9], r[14], r[2000] = 3.0, float("nan"), float("nan")   # the max, then a NaN in
+    want.append(14)                                 # the same load: the first NaN
+    r = row(-1.0)
+    r[18], r[21] = -0.0, 0.0                        # -0.0 then +0.0 in one load
+    want.append(18)
+    r = row()
+    r[V - 1] = 3.0                                  # in the last, partial load
+    want.append(V - 1)
+    r = row()
+    for j in (3077, 2051, 1030, 100 + 1024 * 3):    # one value in many lanes and tiles
+        r[j] = 3.0
+    want.append(1030)
+    r = row(float("-inf"))
+    r[3000] = float("nan")                          # -inf everywhere but one NaN
+    want.append(3000)
+    r = row()
+    r[1024], r[1023] = 3.0, 3.0                     # the last element of a tile ties the
+    want.append(1023)                               # first of the next
+    x = torch.stack(rows).to(dtype).to(device)
+    return x, torch.tensor(want, dtype=torch.int64, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lane_max_scan_ties_and_nan(device, dtype):
+    """Ties inside a 16-byte load, across lanes and tiles, NaN after the max in one load,
+    -0.0 and +0.0 in one load, the partial last load: on lanes of 8, 4 and 2 elements
+    (`lane_vec`: 16 bytes, or BLOCK_V / (32 * num_warps) where fewer) and split rows."""
+    x, want = _lane_rows(4099, dtype, device)
+    assert_equal(A.reference(x), want, "reference")
+    for cfg in ({**SMALL, "SPLIT": 1, "UNROLL": 1}, {**SMALL, "num_warps": 8},
+                {**SMALL, "BLOCK_V": 2048, "num_warps": 16, "SPLIT": 2},
+                {**SMALL, "num_warps": 16, "SPLIT": 2},
+                {**SMALL, "BLOCK_V": 8192, "SPLIT": 1, "num_warps": 4}):
+        assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")
+
+
 def test_real_vocab_151936(device):
     for dtype in (torch.bfloat16, torch.float32):
         x = hard_logits(9, 151936, dtype, device, seed=1)
