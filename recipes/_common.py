@@ -322,15 +322,18 @@ class _Workspace:
     buffer serves every launch on a stream. It grows (an allocation) only when a call
     needs more slots than any earlier call on that device: warm up at the largest batch
     before capturing a CUDA graph (growing inside a capture raises, since the buffer
-    would live in that graph's memory pool). On CUDA it is allocated by another thread
-    (`_apart`), so that it never lands in a pool that the caller's allocations are routed
-    to (torch.compile's "reduce-overhead" warm-up routes its thread's allocations to its
-    CUDA-graph pool, and then finds a live tensor there that is not an output).
-    Launches that share it must not run concurrently on different streams.
+    would live in that graph's memory pool). The buffers it outgrows are kept, not
+    freed: a graph captured on them goes on replaying into memory that stays at rest
+    (they add up to less than the present ones). On CUDA it is allocated by another
+    thread (`_apart`), so that it never lands in a pool that the caller's allocations
+    are routed to (torch.compile's "reduce-overhead" warm-up routes its thread's
+    allocations to its CUDA-graph pool, and then finds a live tensor there that is not
+    an output). Launches that share it must not run concurrently on different streams.
     """
 
     def __init__(self, what: str = "the split-reduction scratch") -> None:
         self._bufs: dict = {}     # (type, index) -> (acc, cnt, acc slots, cnt slots)
+        self._outgrown: list = []  # earlier buffers, which captured graphs may still use
         self._what = what
 
     def get(self, device: torch.device, rows: int, groups: int):
@@ -354,10 +357,9 @@ class _Workspace:
         if grow_cnt:
             cnt = _apart(device, lambda: torch.zeros(
                 (max(1024, next_pow2(groups)),), dtype=torch.int32, device=device))
-        if got is not None and device.type == "cuda":     # work queued on the old ones
-            for old in (got[0] if grow_acc else None, got[1] if grow_cnt else None):
-                if old is not None:
-                    old.record_stream(torch.cuda.current_stream(device))
+        if got is not None:
+            self._outgrown += [old for old, grew in ((got[0], grow_acc), (got[1], grow_cnt))
+                               if grew]
         self._bufs[key] = (acc, cnt, acc.numel(), cnt.numel())
         return acc, cnt
 

@@ -139,6 +139,28 @@ def test_one_chunk_a_row_leaves_the_workspace_alone(device, monkeypatch):
     assert C.WORKSPACE._bufs.get(key) is None
 
 
+def test_outgrown_workspace_buffers_are_kept(device):
+    """A grown scratch keeps the buffers it outgrew alive: a graph captured on them
+    replays into memory that nothing else can take. Unchanged sizes return the same
+    buffers; grown ones come at rest."""
+    import gc
+    import weakref
+
+    from recipes import _common as C
+
+    ws = C._Workspace()
+    dev = torch.device(device.type, torch.cuda.current_device() if ON_GPU else None)
+    acc, cnt = ws.get(dev, 10, 10)
+    assert ws.get(dev, 1024, 1024) == (acc, cnt)
+    old_acc, old_cnt = weakref.ref(acc), weakref.ref(cnt)
+    acc2, cnt2 = ws.get(dev, 5000, 3000)
+    assert acc2.numel() >= 5000 and cnt2.numel() >= 3000
+    assert bool((acc2 == C.INT64_MIN).all()) and bool((cnt2 == 0).all())
+    del acc, cnt
+    gc.collect()
+    assert old_acc() is not None and old_cnt() is not None
+
+
 @pytest.mark.parametrize("part", range(4))
 def test_every_config(device, part):
     key = {"dtype": "bfloat16", "V": 4100, "R": 3}
