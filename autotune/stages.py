@@ -129,9 +129,9 @@ def _spin_finish(packed, pid, b, out_ptr, acc_ptr, N, n_split, NP: tl.constexpr,
 
 @triton.jit
 def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_split,
-                  tiles_per, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, NP: tl.constexpr,
-                  STAGE: tl.constexpr, PDL: tl.constexpr, SP: tl.constexpr = 1,
-                  VEC: tl.constexpr = 1):
+                  tiles_per, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr,
+                  NP: tl.constexpr, STAGE: tl.constexpr, PDL: tl.constexpr,
+                  SP: tl.constexpr = 1):
     """READ: a float sum of the chunk, stored per program (out float32 [programs]);
     SPLIT: the chunk's packed argmax, stored per program (out int64 [programs]);
     FINISH: published to its row's slot, and the request's last program writes the N
