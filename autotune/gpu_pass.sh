@@ -23,6 +23,8 @@
 #             the committed H200 report) -> results/<gpu>/spec-decode.md   (~1 min)
 #   stages    python -m autotune.stages: the small-batch verify priced stage by stage
 #             -> results/<gpu>/stages.md                                 (~1 min)
+#   sampled-stages  python -m autotune.sampled_stages: the same for sampled rows
+#             -> results/<gpu>/stages-sampled.md                         (~3 min)
 #   costs     python -m autotune.tune.costs: what one config's measurement costs the
 #             tuner, piece by piece (the load probe wants a tune's cache), then the
 #             default grids' binaries and launcher signatures (--launchers) (~2 min)
@@ -163,6 +165,10 @@ for step in "${steps[@]}"; do
     stages)
       run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
       wrote_results=1 ;;
+    sampled-stages)
+      run_step sampled-stages "$PY" -m autotune.sampled_stages \
+        --out "$results/stages-sampled.md" || status=1
+      wrote_results=1 ;;
     costs)
       run_step costs "$PY" -m autotune.tune.costs || status=1
       run_step launchers "$PY" -m autotune.tune.costs --launchers || status=1 ;;
@@ -178,7 +184,7 @@ for step in "${steps[@]}"; do
       fi
       wrote_results=1 ;;
     *) echo "gpu_pass: unknown step $step (test tune fresh retune quality bench bench1 bench2" \
-            "example stages costs targets)" >&2
+            "example stages sampled-stages costs targets)" >&2
        exit 2 ;;
   esac
 done

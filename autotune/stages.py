@@ -79,12 +79,12 @@ PROGRAM_TARGETS = (32, 64, 128, 256, 512)
 
 # --- the stage kernels ---------------------------------------------------------------------
 @triton.jit
-def _empty_kernel(x_ptr, PDL: tl.constexpr):
+def empty_kernel(x_ptr, PDL: tl.constexpr):
     C.pdl_enter(PDL)
 
 
 @triton.jit
-def _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split, tiles_per,
+def chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split, tiles_per,
               BLOCK_V: tl.constexpr):
     """(b, row b*N + j, lo, hi, row pointer) of program pid, as chain_verify cuts them."""
     per_req = N * n_split
@@ -139,7 +139,7 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
     same with a release-only counter add; SPIN: `_spin_finish` (no counter)."""
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
-    b, row, lo, hi, row_ptr = _chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split,
+    b, row, lo, hi, row_ptr = chunk_of(pid, x_ptr, V, N, stride_b, stride_j, n_split,
                                         tiles_per, BLOCK_V)
     if STAGE == 0:                      # READ
         lanes = tl.arange(0, BLOCK_V)
@@ -160,14 +160,14 @@ def _stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, V, N, stride_b, stride_j, n_
         elif STAGE == 4:                # RELEASE
             tl.atomic_max(acc_ptr + row, packed, sem="relaxed")
             arrived = tl.atomic_add(cnt_ptr + b, 1, sem="release")
-            _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "acquire")
+            finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "acquire")
         else:                           # FINISH
             arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
-            _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "relaxed")
+            finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP, "relaxed")
 
 
 @triton.jit
-def _finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP: tl.constexpr,
+def finish_rows(arrived, b, out_ptr, acc_ptr, cnt_ptr, N, n_split, NP: tl.constexpr,
                  SEM: tl.constexpr):
     """The request's last arrival: exchange its N slots back to rest (with `SEM`), write
     the N indices and put the counter back to rest."""
@@ -256,7 +256,7 @@ class Shape:
             return call
 
         calls = {
-            "empty": lambda s: _empty_kernel[(grid,)](s["x"], PDL=pdl, **kw),
+            "empty": lambda s: empty_kernel[(grid,)](s["x"], PDL=pdl, **kw),
             "read": stage(READ, self.sums),
             "split": stage(SPLIT, self.slots),
             "split+finish": stage(FINISH, self.tokens),
@@ -299,10 +299,13 @@ class Shape:
         return grid <= C.sm_count(self.device) * programs_per_sm(k, cfg["num_warps"],
                                                                   self.device)
 
+    def configs(self) -> list[tuple[str, dict]]:
+        return configs_for(self)
+
     def per_shape_calls(self) -> dict:
         pdl = C.pdl(self.device, 1)
         return {
-            "empty (1 program)": lambda s: _empty_kernel[(1,)](s["x"], PDL=pdl, num_warps=4,
+            "empty (1 program)": lambda s: empty_kernel[(1,)](s["x"], PDL=pdl, num_warps=4,
                                                                 launch_pdl=pdl > 0),
             "torch.argmax": lambda s: torch.argmax(s["x"], dim=-1, out=self.amax),
         }
@@ -344,27 +347,30 @@ class Shape:
             raise AssertionError(f"the workspace is not at rest after {cfg}")
 
 
-def configs_for(shape: Shape) -> list[tuple[str, dict]]:
-    """(label, config): the tuned entry of the exact key, the heuristic's, and the
-    heuristic's tiles at SPLIT values for 32..512 programs (duplicate grids dropped)."""
+def configs_for(shape: Shape, targets=PROGRAM_TARGETS, tiles=(),
+                admit=None) -> list[tuple[str, dict]]:
+    """(label, config): the tuned entry of the shape's exact key, the heuristic's, the
+    heuristic's tiles at SPLIT values for `targets` programs, and `tiles` ((label,
+    overrides of the heuristic's config) at its SPLIT); one per launch (SPLITs that clamp
+    alike are one), none that `admit(config)` refuses."""
     out = []
+    heur = CV.heuristic(shape.key, shape.device)
     path = tables.find_table(tables.gpu_slug(shape.device), CV.NAME)
     if path is not None:
-        for e in tables.load_table(path)["entries"]:
-            if e["key"] == shape.key:
-                out.append(("tuned", {**CV.heuristic(shape.key, shape.device), **e["config"]}))
-    heur = CV.heuristic(shape.key, shape.device)
+        out += [("tuned", {**heur, **e["config"]}) for e in tables.load_table(path)["entries"]
+                if e["key"] == shape.key]
     out.append(("heuristic", heur))
     rows = shape.B * shape.N
-    for target in PROGRAM_TARGETS:
+    for target in targets:
         split = 1 << max(0, (target // rows).bit_length() - 1)   # a power of two
         if split in SPLIT_SPACE["SPLIT"]:
             out.append((f"SPLIT={split}", {**heur, "SPLIT": split}))
+    out += [(label, {**heur, **over}) for label, over in tiles]
     seen, kept = set(), []
-    for label, cfg in out:           # one per launch: SPLITs that clamp alike are one
+    for label, cfg in out:
         sig = (shape.plan(cfg)[:3], tuple(sorted((k, v) for k, v in cfg.items()
                                                  if k != "SPLIT")))
-        if sig not in seen:
+        if sig not in seen and (admit is None or admit(cfg)):
             seen.add(sig)
             kept.append((label, cfg))
     return kept
@@ -391,7 +397,7 @@ def measure(shapes, reps: int, log=print, keep=None) -> dict:
     every one of `configs_for`)."""
     res = {}
     for shape in shapes:
-        cfgs = [(label, cfg) for label, cfg in configs_for(shape)
+        cfgs = [(label, cfg) for label, cfg in shape.configs()
                 if keep is None or label in keep]
         for _, cfg in cfgs:        # (also compiles every kernel before any timing)
             shape.check(cfg)
@@ -418,35 +424,36 @@ def measure(shapes, reps: int, log=print, keep=None) -> dict:
 
 
 # --- report ------------------------------------------------------------------------------
-def _two(v) -> str:
+def two(v) -> str:
     return " / ".join(f"{x:.2f}" for x in v)
 
 
-def render_md(res: dict, header: list[str]) -> str:
-    about = __doc__.split("\n\n")[2:]
-    lines = ["# Stage pricing of chain_verify at small batches", "", *header, "",
+def render_md(res: dict, header: list[str], title: str, doc: str, stages) -> str:
+    """The markdown report: `title`, the header, paragraphs 3-5 of `doc` (the regime, the
+    stages, what is checked), then one table a shape (`stages` as columns)."""
+    about = doc.split("\n\n")[2:]
+    lines = [f"# {title}", "", *header, "",
              about[0].replace("\n", " "), "", "```", *about[1].splitlines(), "```", "",
              about[2].replace("\n", " "), "",
              "Prices in microseconds, time(op + call) - time(op), pass 1 / pass 2. Config: "
              "BLOCK_V/SPLIT/num_warps/UNROLL (SPLIT as asked; programs after the clamp).", ""]
     for label, r in res.items():
-        lines += [f"## {label}", "", f"op alone: {_two(r['op'])} us; "
-                  + "; ".join(f"{k}: {_two(v)} us" for k, v in r["per_shape"].items()), ""]
-        lines.append("| config | | programs | " + " | ".join(STAGES) + " |")
-        lines.append("|---|---|---:|" + "---:|" * len(STAGES))
+        lines += [f"## {label}", "", f"op alone: {two(r['op'])} us; "
+                  + "; ".join(f"{k}: {two(v)} us" for k, v in r["per_shape"].items()), ""]
+        lines.append("| config | | programs | " + " | ".join(stages) + " |")
+        lines.append("|---|---|---:|" + "---:|" * len(stages))
         for name, cfg, progs, prices in r["configs"]:
             lines.append(f"| {name} | {cfg_str(cfg)} | {progs} | "
-                         + " | ".join(_two(prices[s]) if s in prices else "-"
-                                      for s in STAGES) + " |")
+                         + " | ".join(two(prices[s]) if s in prices else "-"
+                                      for s in stages) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def short_table(res: dict) -> str:
-    """One line per (shape, config): the mean of the two passes per stage; the noise
-    line gives the largest gap between passes."""
-    cols = STAGES
-    heads = ("empty", "read", "split", "+finish", "release", "spin", "verify", "adapter")
+def short_table(res: dict, cols=STAGES, heads=("empty", "read", "split", "+finish",
+                                                "release", "spin", "verify", "adapter")) -> str:
+    """One line per (shape, config): the mean of the two passes per stage (`cols`, headed
+    `heads`); the noise line gives the largest gap between passes."""
     out = []
     gap = 0.0
     for label, r in res.items():
@@ -465,7 +472,7 @@ def short_table(res: dict) -> str:
     return "\n".join(out)
 
 
-def _parse_shape(text: str):
+def parse_shape(text: str):
     try:
         b, n = (int(p) for p in text.lower().split("x"))
     except ValueError:
@@ -474,12 +481,16 @@ def _parse_shape(text: str):
     return b, n
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autotune.stages", description=__doc__.split(
-        "\n\n")[0])
-    p.add_argument("--out", default=None, help="markdown report (e.g. results/h200/stages.md)")
-    p.add_argument("--shape", action="append", type=_parse_shape, default=[],
-                   metavar="BxN", help="batch x tokens per request (default: 1x4, 4x4 and 8x4)")
+def cli(argv, *, prog: str, doc: str, title: str, make_shape, stages, heads,
+        default_shapes) -> int:
+    """The command line of a stage pricing (this module's and `autotune.sampled_stages`):
+    `make_shape(B, N, V, dtype, device, sets=None)` gives a shape with `configs`, `check`,
+    `calls` and `per_shape_calls`; `stages` are its stage names."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="markdown report (e.g. results/h200/...md)")
+    p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="BxN",
+                   help="batch x tokens per request (default: "
+                        + ", ".join(f"{b}x{n}" for b, n in default_shapes) + ")")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--reps", type=int, default=40, help="graph replays per median")
@@ -487,30 +498,28 @@ def main(argv=None) -> int:
                    help="only check every stage's outputs (small shapes; runs under the "
                         "Triton interpreter too)")
     p.add_argument("--stages", default=None, metavar="NAMES",
-                   help=f"comma-separated stages to time (default: all of {', '.join(STAGES)})")
+                   help=f"comma-separated stages to time (default: all of {', '.join(stages)})")
     p.add_argument("--configs", default=None, metavar="LABELS",
-                   help="comma-separated configs to time, by label: tuned, heuristic, "
-                        "SPLIT=<n> (default: all)")
+                   help="comma-separated configs to time, by label (default: all)")
     a = p.parse_args(argv)
     only = None if a.stages is None else a.stages.split(",")
-    if only is not None and not set(only) <= set(STAGES):
-        p.error(f"--stages: expected names among {', '.join(STAGES)}, got {a.stages!r}")
+    if only is not None and not set(only) <= set(stages):
+        p.error(f"--stages: expected names among {', '.join(stages)}, got {a.stages!r}")
     dtype = getattr(torch, a.dtype)
     if a.check:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         for B, N, V in ((1, 4, 5000), (3, 2, 3000)):
-            shape = Shape(B, N, V, dtype, dev, sets=1)
-            for label, cfg in configs_for(shape):
+            shape = make_shape(B, N, V, dtype, dev, sets=1)
+            for label, cfg in shape.configs():
                 shape.check(cfg)
                 print(f"ok: {shape.label()} {label} {cfg_str(cfg)}")
         return 0
     if not torch.cuda.is_available():
-        print("autotune.stages: timing needs a CUDA GPU (use --check on the CPU)",
-              file=sys.stderr)
+        print(f"{prog}: timing needs a CUDA GPU (use --check on the CPU)", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    shapes = [Shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or [(1, 4), (4, 4), (8, 4)])]
+    shapes = [make_shape(B, N, a.vocab, dtype, dev) for B, N in (a.shape or default_shapes)]
     for shape in shapes:
         shape.only = only
     res = measure(shapes, a.reps, keep=None if a.configs is None else a.configs.split(","))
@@ -518,13 +527,21 @@ def main(argv=None) -> int:
               f"{triton.__version__}, Python {platform.python_version()}; "
               f"{datetime.datetime.now().isoformat(timespec='seconds')}; "
               f"{time.perf_counter() - t0:.0f} s",
-              f"Command: `python -m autotune.stages {' '.join(argv or sys.argv[1:])}`"]
+              f"Command: `{prog} {' '.join(sys.argv[1:] if argv is None else argv)}`"]
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(render_md(res, header))
+        Path(a.out).write_text(render_md(res, header, title, doc, stages))
         print(f"wrote {a.out}")
-    print(short_table(res))
+    print(short_table(res, cols=stages, heads=heads))
     return 0
+
+
+def main(argv=None) -> int:
+    return cli(argv, prog="python -m autotune.stages", doc=__doc__,
+               title="Stage pricing of chain_verify at small batches", make_shape=Shape,
+               stages=STAGES, heads=("empty", "read", "split", "+finish", "release", "spin",
+                                     "verify", "adapter"),
+               default_shapes=((1, 4), (4, 4), (8, 4)))
 
 
 if __name__ == "__main__":

@@ -582,3 +582,16 @@ def test_winner_outside_the_top_lane(device):
         r = recipes.chain_verify(x.to(device), d.to(device), temperature=Ts.to(device),
                                  seeds=seeds.to(device), positions=ctrs.to(device), config=cfg)
         assert_equal(r.tokens[:, 0].cpu().long(), want, f"cfg={cfg}")
+
+
+def test_sampled_stage_pricing_kernels_compute_their_stage(device):
+    """autotune.sampled_stages (the sampled verify priced stage by stage) checks each
+    stage's outputs before timing it; here on a small shape, so the script keeps working."""
+    from autotune import sampled_stages as SS
+
+    shape = SS.SampledShape(1, 4, 3000, torch.bfloat16, device, sets=1)
+    configs = shape.configs()
+    assert {label for label, _ in configs} >= {"heuristic", "1024/4w"}
+    assert set(shape.calls(configs[0][1])) == set(SS.STAGES)
+    for _, cfg in configs[:2]:
+        shape.check(cfg)
