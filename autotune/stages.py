@@ -323,7 +323,7 @@ class Shape:
             raise AssertionError(f"read stage: row sums differ at {cfg}")
         calls["split"](s)
         packed = self.slots[:grid].view(-1, split).max(dim=1).values
-        if not torch.equal(0x7FFFFFFF - (packed & 0xFFFFFFFF), want):
+        if not torch.equal(host_unpack(packed)[1], want):
             raise AssertionError(f"split stage: argmax differs at {cfg}")
         for name in ("split+finish", "release", "spin"):
             if name in calls and self.timed(name):
@@ -342,9 +342,22 @@ class Shape:
                 and torch.equal(a.bonus_tokens, ref.bonus)
                 and torch.equal(a.select_index, ref.select_index)):
             raise AssertionError(f"the adapter differs from chain_verify at {cfg}")
-        acc, cnt = C.WORKSPACE.get(self.device, self.B * self.N * split, self.B)
-        if not (bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all())):
-            raise AssertionError(f"the workspace is not at rest after {cfg}")
+        check_at_rest(self, split, cfg)
+
+
+def host_unpack(packed: torch.Tensor):
+    """(float32 values, int64 indices) of packed int64 keys on the host: the inverse of
+    `pack` (a NaN key gives NaN)."""
+    key = (packed >> 32).to(torch.int32)
+    bits = torch.where(key >= 0, key, (-key) | torch.iinfo(torch.int32).min)
+    return bits.view(torch.float32), 0x7FFFFFFF - (packed & 0xFFFFFFFF)
+
+
+def check_at_rest(shape, split: int, cfg: dict) -> None:
+    """The stage-2 slots and counters a shape's launches used are back at rest."""
+    acc, cnt = C.WORKSPACE.get(shape.device, shape.B * shape.N * split, shape.B)
+    if not (bool((acc == C.INT64_MIN).all()) and bool((cnt == 0).all())):
+        raise AssertionError(f"the workspace is not at rest after {cfg}")
 
 
 def configs_for(shape: Shape, targets=PROGRAM_TARGETS, tiles=(),
