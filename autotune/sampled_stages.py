@@ -43,10 +43,9 @@ import triton
 import triton.language as tl
 
 from autotune import stages as S
-from autotune.timing import rotation
 from recipes import _common as C
 from recipes import _gumbel_core as GC
-from recipes._argmax_core import SPLIT_SPACE, pack, publish_packed
+from recipes._argmax_core import pack, publish_packed
 
 CV = importlib.import_module("recipes.chain_verify")
 STAGES = ("empty", "bound", "filter", "+finish", "sampled", "exact", "greedy")
@@ -107,23 +106,11 @@ def _sampled_stage_kernel(x_ptr, out_ptr, acc_ptr, cnt_ptr, temp_ptr, seed_ptr, 
 # --- one shape's inputs and calls ------------------------------------------------------------
 class SampledShape(S.Shape):
     """Input sets of one sampled (B, N, V, dtype) and the calls of every stage on them.
-    `plan`, `label`, `timed` and `timed_calls` are the greedy shape's."""
+    `_setup`, `plan`, `label`, `timed` and `timed_calls` are the greedy shape's."""
 
     def __init__(self, B, N, V, dtype, device, sets=None):
-        self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
-        self.only = None
-        self.key = CV.tune_key(dtype, V, B, N - 1, sampled=True)
-        if sets is None:
-            sets = rotation(B * N * V * dtype.itemsize, device)
-        rows = B * N
-        self.tick = torch.zeros(1, device=device)
-        self.tokens = torch.empty(rows, dtype=torch.int32, device=device)
-        self.slots = torch.empty(rows * max(SPLIT_SPACE["SPLIT"]), dtype=torch.int64,
-                                 device=device)
-        self.states = []
-        for i in range(sets):
-            x, d, kw = CV.make_inputs(self.key, device, seed=i)
-            self.states.append({"x": x, "d": d, "kw": kw})
+        self.states = [{"x": x, "d": d, "kw": kw}
+                       for x, d, kw in self._setup(B, N, V, dtype, device, True, sets)]
         # what `check` compares against, on the first input set (the same for every config)
         s0 = self.states[0]
         self.ref = CV.reference(s0["x"], s0["d"], **s0["kw"])

@@ -199,25 +199,16 @@ class Shape:
     """Input sets of one (B, N, V, dtype) and the calls of every stage on them."""
 
     def __init__(self, B, N, V, dtype, device, sets=None):
-        self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
-        self.only = None                  # the stages to time (None: every one)
-        self.key = CV.tune_key(dtype, V, B, N - 1)
-        if sets is None:
-            sets = rotation(B * N * V * dtype.itemsize, device)
+        made = self._setup(B, N, V, dtype, device, False, sets)
         rows = B * N
-        most = rows * max(SPLIT_SPACE["SPLIT"])           # programs of the largest grid
-        self.tick = torch.zeros(1, device=device)
         self.ridx = torch.arange(rows, device=device).view(B, N)
         self.rnext = (torch.arange(1, N + 1, device=device).repeat(B, 1)
                       .masked_fill_(torch.arange(N, device=device) == N - 1, -1))
         self.seq = torch.arange(100, 100 + B, device=device)
-        self.tokens = torch.empty(rows, dtype=torch.int32, device=device)
-        self.sums = torch.empty(most, dtype=torch.float32, device=device)
-        self.slots = torch.empty(most, dtype=torch.int64, device=device)
+        self.sums = torch.empty(self.slots.numel(), dtype=torch.float32, device=device)
         self.amax = torch.empty(rows, dtype=torch.int64, device=device)
         self.states = []
-        for i in range(sets):
-            x, d, _ = CV.make_inputs(self.key, device, seed=i)
+        for x, d, _ in made:
             t = torch.argmax(x, dim=-1).view(B, N)
             self.states.append({"x": x, "d": d, "cand": torch.cat([t[:, :1], d], dim=1)})
         s0 = self.states[0]
@@ -226,6 +217,23 @@ class Shape:
         self.aout = S.target_verify_topk1_postprocess(
             s0["x"], s0["cand"], self.ridx, self.rnext, self.seq,
             config=CV.heuristic(self.key, device))
+
+    def _setup(self, B, N, V, dtype, device, sampled: bool, sets):
+        """What every stage shape holds (its key, the op's tensor, the stage kernels'
+        token and per-program outputs); returns `sets` input sets of
+        `chain_verify.make_inputs` (default: the bench's rotation)."""
+        self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
+        self.only = None                  # the stages to time (None: every one)
+        self.key = CV.tune_key(dtype, V, B, N - 1, sampled=sampled)
+        if sets is None:
+            sets = rotation(B * N * V * dtype.itemsize, device)
+        rows = B * N
+        self.tick = torch.zeros(1, device=device)
+        self.tokens = torch.empty(rows, dtype=torch.int32, device=device)
+        # one slot a program of the largest grid
+        self.slots = torch.empty(rows * max(SPLIT_SPACE["SPLIT"]), dtype=torch.int64,
+                                 device=device)
+        return [CV.make_inputs(self.key, device, seed=i) for i in range(sets)]
 
     def label(self) -> str:
         return f"B={self.B} N={self.N} V={self.V} {str(self.dtype).replace('torch.', '')}"
@@ -463,8 +471,7 @@ def render_md(res: dict, header: list[str], title: str, doc: str, stages) -> str
     return "\n".join(lines) + "\n"
 
 
-def short_table(res: dict, cols=STAGES, heads=("empty", "read", "split", "+finish",
-                                                "release", "spin", "verify", "adapter")) -> str:
+def short_table(res: dict, cols, heads) -> str:
     """One line per (shape, config): the mean of the two passes per stage (`cols`, headed
     `heads`); the noise line gives the largest gap between passes."""
     out = []
