@@ -82,11 +82,13 @@ def chunk_first(row_ptr, lo, hi, BLOCK: tl.constexpr, UNROLL: tl.constexpr = 1,
     copy of the first when UNROLL is 1 and never read). A caller issues them itself
     when it has other loads to put in flight with them before the scan."""
     o0 = _tile_offsets(lo, BLOCK, VEC)
-    x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"))
+    x0 = tl.load(row_ptr + o0, mask=o0 < hi, other=float("-inf"),
+                 eviction_policy="evict_first")
     x1 = x0
     if UNROLL > 1:
         o1 = o0 + BLOCK
-        x1 = tl.load(row_ptr + o1, mask=o1 < hi, other=float("-inf"))
+        x1 = tl.load(row_ptr + o1, mask=o1 < hi, other=float("-inf"),
+                     eviction_policy="evict_first")
     return x0, x1
 
 
@@ -104,10 +106,11 @@ def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
     they stand for (lanes cover disjoint index ranges), and the program reads the
     winning load once more to find the first element equal to the best (or the first
     NaN). Software-pipelined: the next step's loads are issued before this step's tiles
-    are folded (docs/performance.md, section "The split argmax scan"). Lanes past `hi`
-    load -inf and can only tie, at a higher index than lane lo, so they never win; a
-    chunk with no element left (lo >= hi) gives pack(-inf, lo), which loses to any real
-    element and ties behind index 0."""
+    are folded (docs/performance.md, section "The split argmax scan"); each logit is
+    read once, so its loads are marked evict_first (the winner's reload is not). Lanes
+    past `hi` load -inf and can only tie, at a higher index than lane lo, so they never
+    win; a chunk with no element left (lo >= hi) gives pack(-inf, lo), which loses to
+    any real element and ties behind index 0."""
     R: tl.constexpr = BLOCK // VEC
     best = tl.full([R], float("-inf"), tl.float32)
     best_tile = tl.zeros([R], tl.int32)
@@ -115,15 +118,18 @@ def chunk_scan(row_ptr, x0, x1, lo, hi, n_tiles, BLOCK: tl.constexpr,
     if UNROLL == 1:
         for t in range(0, n_tiles):
             on = o0 + (t + 1) * BLOCK
-            xn = tl.load(row_ptr + on, mask=on < hi, other=float("-inf"))
+            xn = tl.load(row_ptr + on, mask=on < hi, other=float("-inf"),
+                         eviction_policy="evict_first")
             best, best_tile = lane_fold(x0, t, best, best_tile)
             x0 = xn
     else:
         for t in range(0, n_tiles, 2):
             n0 = o0 + (t + 2) * BLOCK
             n1 = n0 + BLOCK
-            y0 = tl.load(row_ptr + n0, mask=n0 < hi, other=float("-inf"))
-            y1 = tl.load(row_ptr + n1, mask=n1 < hi, other=float("-inf"))
+            y0 = tl.load(row_ptr + n0, mask=n0 < hi, other=float("-inf"),
+                         eviction_policy="evict_first")
+            y1 = tl.load(row_ptr + n1, mask=n1 < hi, other=float("-inf"),
+                         eviction_policy="evict_first")
             best, best_tile = lane_fold(x0, t, best, best_tile)
             best, best_tile = lane_fold(x1, t + 1, best, best_tile)
             x0 = y0
