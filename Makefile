@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers: one a core, at most 8 (the interpreter's tests are CPU-bound)
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; echo $$n)
 
-.PHONY: install test test-gpu tune quality bench targets example-bench lint clean
+.PHONY: install test test-gpu tune quality bench bench-compare targets example-bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY_SYS) -m venv $(VENV)
@@ -82,6 +82,14 @@ example-bench: $(SETUP)
 RESULTS ?= results/h200
 targets: $(SETUP)
 	$(PY) -m autotune.targets $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md
+
+# A bench run against an earlier one, config for config: $(RESULTS) as committed at BASE
+# (a git revision) vs the working tree's (python -m autotune.bench.compare -h)
+BASE ?= HEAD
+bench-compare: $(SETUP)
+	@d=$$(mktemp -d) && git archive "$(BASE)" $(RESULTS) | tar x -C $$d \
+	  && $(PY) -m autotune.bench.compare $$d/$(RESULTS) $(RESULTS) \
+	       --base-name "$(RESULTS) at $(BASE)"; rc=$$?; rm -rf $$d; exit $$rc
 
 lint: $(SETUP)
 	$(PY) -m ruff check recipes autotune tests examples

@@ -433,3 +433,41 @@ def test_targets_from_synthetic_results(tmp_path):
     results.write_json(root / "tune-report.json", {"wall_s": 100.0, "fresh": False})
     rows = {r["id"]: r for r in targets.compute(root)}
     assert rows["tune.wall"]["met"] is None and "fresh" in rows["tune.wall"]["reason"]
+
+
+def test_compare_keeps_only_cases_whose_config_is_the_same(tmp_path):
+    """`autotune.bench.compare`: new / base per batch class, over the heuristic-config
+    variant and over ours where every tuned config is unchanged; a suite from the same
+    run on both sides is not compared."""
+    from autotune.bench import compare
+
+    def suite(scale, moved_cfg, date):
+        s = fake_suite()
+        s["date"] = date
+        for c in s["cases"]:
+            for t in c["timings"].values():
+                t["p50"] *= scale
+            cfg = {"BLOCK_V": 4096 if (moved_cfg and c["label"]["R"] == 256) else 2048}
+            c["configs"] = [{"recipe": "argmax", "key": c["label"], "tuned": cfg,
+                             "heuristic": {"BLOCK_V": 1024}}]
+        return s
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    for d, s in ((base, suite(1.0, False, "d1")), (new, suite(0.9, True, "d2"))):
+        d.mkdir()
+        results.write_json(d / "BENCH.json", HEADER)
+        results.write_json(d / "bench-argmax.json", s)
+        same = fake_suite("other")
+        same["date"] = "d0"
+        results.write_json(d / "bench-other.json", same)
+    rows = compare.case_ratios(results.read_json(base / "bench-argmax.json"),
+                               results.read_json(new / "bench-argmax.json"))
+    tuned = [r for r in rows if r[0] == "same tuned config"]
+    assert {r[2]["R"] for r in tuned} == {1, 4, 32}          # R=256 changed config
+    assert all(abs(n / o - 0.9) < 1e-9 for _, _, _, o, n in rows)
+    assert {r[2]["R"] for r in rows if r[0] == "heuristic config"} == {4}
+    assert {compare.batch_class({"R": r}) for r in (1, 8, 16, 32, 64)} == {
+        "B <= 8", "B 16-32", "B >= 64"}
+    text = compare.report(base, new)
+    assert "argmax                 same tuned config  B <= 8   geomean 0.900" in text
+    assert "other                  the same run on both sides: not compared" in text
