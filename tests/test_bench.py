@@ -437,8 +437,8 @@ def test_targets_from_synthetic_results(tmp_path):
 
 def test_compare_keeps_only_cases_whose_config_is_the_same(tmp_path):
     """`autotune.bench.compare`: new / base per batch class, over the heuristic-config
-    variant and over ours where every tuned config is unchanged; a suite from the same
-    run on both sides is not compared."""
+    variant, over ours where every tuned config is unchanged and over ours where neither
+    run used a table entry; a suite from the same run on both sides is not compared."""
     from autotune.bench import compare
 
     def suite(scale, moved_cfg, date):
@@ -450,6 +450,8 @@ def test_compare_keeps_only_cases_whose_config_is_the_same(tmp_path):
             cfg = {"BLOCK_V": 4096 if (moved_cfg and c["label"]["R"] == 256) else 2048}
             c["configs"] = [{"recipe": "argmax", "key": c["label"], "tuned": cfg,
                              "heuristic": {"BLOCK_V": 1024}}]
+            if c["label"]["V"] == 32000 and c["label"]["R"] == 1:
+                c["configs"] = []                          # no table entry used
         return s
 
     base, new = tmp_path / "base", tmp_path / "new"
@@ -464,6 +466,7 @@ def test_compare_keeps_only_cases_whose_config_is_the_same(tmp_path):
                                results.read_json(new / "bench-argmax.json"))
     tuned = [r for r in rows if r[0] == "same tuned config"]
     assert {r[2]["R"] for r in tuned} == {1, 4, 32}          # R=256 changed config
+    assert {(r[2]["V"], r[2]["R"]) for r in rows if r[0] == "no table entry"} == {(32000, 1)}
     assert all(abs(n / o - 0.9) < 1e-9 for _, _, _, o, n in rows)
     assert {r[2]["R"] for r in rows if r[0] == "heuristic config"} == {4}
     assert {compare.batch_class({"R": r}) for r in (1, 8, 16, 32, 64)} == {

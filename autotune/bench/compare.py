@@ -10,7 +10,10 @@ keeps the cases whose config is the same on both sides:
 
 * "heuristic config": the variant timed with the heuristic's config, in every case
   where both runs timed it and the heuristic picked the same config on both sides;
-* "same tuned config": ours, where every tuned config of the case is the same in both.
+* "same tuned config": ours, where every tuned config of the case is the same in both;
+* "no table entry": ours, where neither run dispatched a table entry (the case records
+  no config): the heuristic's config, the same on both sides only if the heuristic's
+  code is.
 
 Per suite and batch class (B, or argmax's R: <= 8, 16-32, >= 64) it prints the
 geometric mean of NEW / BASE, its range and the case count; then every such case.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from .results import HEURISTIC, geomean, load, ours_time, p50
 
+VARIANTS = ("heuristic config", "same tuned config", "no table entry")
 CLASSES = (("B <= 8", 0, 8), ("B 16-32", 9, 32), ("B >= 64", 33, None))
 
 
@@ -46,13 +50,17 @@ def case_ratios(base: dict, new: dict) -> list[tuple[str, str, dict, float, floa
     rows = []
     for e in new["cases"]:
         b = by_label.get(json.dumps(e["label"], sort_keys=True))
-        if b is None or not e.get("configs"):
+        if b is None:
             continue
         cls = batch_class(e["label"])
+        ob, on = ours_time(b), ours_time(e)
+        if not e.get("configs") or not b.get("configs"):
+            if ob and on and not e.get("configs") and not b.get("configs"):
+                rows.append(("no table entry", cls, e["label"], ob, on))
+            continue
         hb, hn = p50(b, HEURISTIC), p50(e, HEURISTIC)
         if hb and hn and _configs(b, "heuristic") == _configs(e, "heuristic"):
             rows.append(("heuristic config", cls, e["label"], hb, hn))
-        ob, on = ours_time(b), ours_time(e)
         if ob and on and _configs(b, "tuned") == _configs(e, "tuned"):
             rows.append(("same tuned config", cls, e["label"], ob, on))
     return rows
@@ -81,7 +89,7 @@ def report(base_dir: Path, new_dir: Path, suites: list[str] | None = None,
         rows = case_ratios(base[name], res)
         if not rows:
             lines.append(f"{name:22s} no case with the same config on both sides")
-        for variant in ("heuristic config", "same tuned config"):
+        for variant in VARIANTS:
             for cls in [c[0] for c in CLASSES] + ["all"]:
                 r = [n / o for v, c, _, o, n in rows if v == variant and c == cls]
                 if r:
