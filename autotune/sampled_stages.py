@@ -49,7 +49,6 @@ from recipes._argmax_core import pack, publish_packed
 
 CV = importlib.import_module("recipes.chain_verify")
 STAGES = ("empty", "bound", "filter", "+finish", "sampled", "exact", "greedy")
-HEADS = ("empty", "bound", "filter", "+finish", "sampled", "exact", "greedy")
 PROGRAM_TARGETS = (64, 128, 256, 512)
 TILES = (("1024/4w", {"BLOCK_V": 1024, "num_warps": 4, "UNROLL": 1}),
          ("2048/8w", {"BLOCK_V": 2048, "num_warps": 8, "UNROLL": 1}))
@@ -213,7 +212,7 @@ class SampledShape(S.Shape):
 def main(argv=None) -> int:
     return S.cli(argv, prog="python -m autotune.sampled_stages", doc=__doc__,
                  title="Stage pricing of chain_verify's sampled rows at small batches",
-                 make_shape=SampledShape, stages=STAGES, heads=HEADS,
+                 make_shape=SampledShape, stages=STAGES, heads=STAGES,
                  default_shapes=((1, 4), (4, 4), (8, 4)))
 
 
