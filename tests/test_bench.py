@@ -474,3 +474,17 @@ def test_compare_keeps_only_cases_whose_config_is_the_same(tmp_path):
     text = compare.report(base, new)
     assert "argmax                 same tuned config  B <= 8   geomean 0.900" in text
     assert "other                  the same run on both sides: not compared" in text
+
+
+def test_compare_refuses_a_suite_not_in_both_runs(tmp_path, capsys):
+    from autotune.bench import compare
+
+    for d in ("base", "new"):
+        write_fake(tmp_path / d)
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path / "base"), str(tmp_path / "new"), "--suite", "argmx"])
+    assert e.value.code == 2
+    assert "--suite: expected suites benched in both runs (argmax, other), got argmx" in (
+        capsys.readouterr().err)
+    assert compare.main([str(tmp_path / "base"), str(tmp_path / "new"),
+                         "--suite", "argmax"]) == 0

@@ -83,7 +83,7 @@ def report(base_dir: Path, new_dir: Path, suites: list[str] | None = None,
         name = res["suite"]
         if name not in base or (suites and name not in suites):
             continue
-        if base[name].get("date") == res.get("date"):
+        if res.get("date") is not None and base[name].get("date") == res.get("date"):
             lines.append(f"{name:22s} the same run on both sides: not compared")
             continue
         rows = case_ratios(base[name], res)
@@ -116,6 +116,13 @@ def main(argv=None) -> int:
         if not (d / "BENCH.json").is_file():
             p.error(f"{d}: expected a bench output folder with BENCH.json; none there")
     suites = [s for a in args.suite for s in a.split(",") if s] or None
+    if suites:
+        both = ({r["suite"] for r in load(args.base)[1]}
+                & {r["suite"] for r in load(args.new)[1]})
+        missing = sorted(set(suites) - both)
+        if missing:
+            p.error(f"--suite: expected suites benched in both runs ({', '.join(sorted(both))}),"
+                    f" got {', '.join(missing)}")
     print(report(args.base, args.new, suites, args.base_name), end="")
     return 0
 
