@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
+from . import _controls_core as CC
 from . import _gumbel_core as GC
 from ._argmax_core import (
     PACKED_EMPTY,
@@ -118,23 +119,35 @@ def row_scores(logits: torch.Tensor, B: int, K: int, temperature, seeds, positio
 
 
 def target_tokens(logits: torch.Tensor, B: int, K: int, temperature=None, seeds=None,
-                  positions=None) -> torch.Tensor:
+                  positions=None, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
     """t[b, j] (int64 [B, K+1]): the argmax of each greedy row, the argmax of the
-    sampled scores (`row_scores`) of each sampled row."""
+    sampled scores (`row_scores`) of each sampled row, over the kept set of the
+    sampling controls (`_controls_core.kept`) where a control of the request is on."""
     V = logits.shape[-1]
     x = logits.reshape(B * (K + 1), V)
     t = torch.argmax(x, dim=-1)
     if temperature is not None and B > 0:
         s = row_scores(logits, B, K, temperature, seeds, positions)
-        t = torch.where(sampled_rows(temperature, B, K), torch.argmax(s, dim=-1), t)
+        ts = torch.argmax(s, dim=-1)
+        if any(c is not None for c in (top_k, top_p, min_p)):
+            rep = lambda c: None if c is None else c.repeat_interleave(K + 1)  # noqa: E731
+            ctl = CC.controls_on(top_k, top_p, min_p, V, B, x.device).repeat_interleave(K + 1)
+            T = temperature.to(torch.float32).repeat_interleave(K + 1)[:, None]
+            z = x.to(torch.float32) / T
+            S = CC.kept(z, rep(top_k), rep(top_p), rep(min_p))
+            ts = torch.where(ctl, CC.masked_argmax(s, S), ts)
+        t = torch.where(sampled_rows(temperature, B, K), ts, t)
     return t.view(B, K + 1)
 
 
 def reference(logits: torch.Tensor, draft_tokens: torch.Tensor,
               temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-              positions: torch.Tensor | None = None) -> VerifyResult:
+              positions: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
+              top_p: torch.Tensor | None = None,
+              min_p: torch.Tensor | None = None) -> VerifyResult:
     B, K = draft_tokens.shape
-    return accept(target_tokens(logits, B, K, temperature, seeds, positions), draft_tokens)
+    return accept(target_tokens(logits, B, K, temperature, seeds, positions, top_k, top_p,
+                                min_p), draft_tokens)
 
 
 # --- kernels ---------------------------------------------------------------------------
@@ -228,6 +241,50 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
         _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
                          b, K, KP1, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
                          SGLANG)
+
+
+@triton.jit
+def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr,
+                            select_ptr, acc_ptr, cnt_ptr, thr_ptr, temp_ptr, seed_ptr,
+                            pos_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
+                            stride_t, stride_s, stride_p, n_split, tiles_per, IDB,
+                            BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
+                            VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr):
+    """`_verify_kernel` with the sampling controls: a row whose threshold thr[row]
+    (`_controls_core.launch_select`) is set samples over the ids with pk >= thr only
+    (exact scores); every other row is scanned exactly as without controls. The
+    finishing program puts the request's thresholds back to rest."""
+    pid = tl.program_id(0)
+    per_req = (K + 1) * n_split
+    b = pid // per_req
+    rem = pid - b * per_req
+    j = rem // n_split
+    lo = (rem - j * n_split) * tiles_per * BLOCK_V
+    hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+    row_ptr = logits_ptr + b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_j
+    jd = tl.arange(0, KP1)
+    d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
+                other=-1).to(tl.int64)
+    row = b.to(tl.int64) * (K + 1) + j
+    T = tl.load(temp_ptr + b.to(tl.int64) * stride_t).to(tl.float32)
+    if T > 0:
+        seed = tl.load(seed_ptr + b.to(tl.int64) * stride_s).to(tl.int64)
+        pos = tl.load(pos_ptr + b.to(tl.int64) * stride_p).to(tl.int64)
+        ctr = (pos + j).to(tl.uint32)
+        P = tl.load(thr_ptr + row)
+        if P != PACKED_EMPTY:
+            packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
+                                                P, IDB, BLOCK_V)
+        else:
+            packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
+                                          BLOCK_V, EXACT, MAXC, UNROLL == 2)
+    else:
+        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
+    arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
+    if arrived == per_req - 1:
+        _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
+                         b, K, KP1, 0, logits_ptr, logits_ptr, logits_ptr, logits_ptr, False)
+        tl.store(thr_ptr + b.to(tl.int64) * (K + 1) + jd, PACKED_EMPTY, mask=jd <= K)
 
 
 # --- search space and heuristic ----------------------------------------------------------
@@ -430,24 +487,80 @@ def resolve_config(config: dict | None, key: dict, device: torch.device,
     return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
 
 
+CONTROL_NAMES = ("top_k", "top_p", "min_p")
+
+
+def validate_controls(top_k, top_p, min_p, sampling, B: int, device):
+    """The sampling controls: top_k int32/int64 [B], top_p and min_p float32 [B], any
+    stride, on `device`, only with temperature (values are not read). Returns
+    (top_k, top_p, min_p) or None when none is given."""
+    given = [(n, t) for n, t in zip(CONTROL_NAMES, (top_k, top_p, min_p), strict=True)
+             if t is not None]
+    if not given:
+        return None
+    if sampling is None:
+        raise ValueError(f"{given[0][0]}: expected None without temperature (the sampling "
+                         f"controls only apply to sampled rows), got {given[0][0]} without "
+                         "temperature")
+    for name, t in given:
+        dtypes = C.INDEX_DTYPES if name == "top_k" else (torch.float32,)
+        C.check_tensor(name, t, dtypes=dtypes, ndim=1, device=device)
+        if t.shape[0] != B:
+            raise ValueError(f"{name}: expected shape ({B},) (one per request of "
+                             f"draft_tokens), got {tuple(t.shape)}")
+    return top_k, top_p, min_p
+
+
+def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
+                    controls) -> None:
+    """Two launches: the per-row thresholds (`_controls_core.launch_select`, kept in the
+    split-reduction scratch after the row slots, resting at PACKED_EMPTY), then the verify
+    scan restricted to them."""
+    split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
+    R = B * (K + 1)
+    acc, cnt = C.WORKSPACE.get(logits.device, 2 * R, B)
+    thr = acc[R:2 * R]
+    temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
+    CC.launch_select(logits, thr, temp, controls, B, K, V, stride_b, stride_j)
+    _controls_verify_kernel[(R * split,)](
+        logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
+        acc, cnt, thr, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
+        draft_tokens.stride(1), st, ss, sp, split, tiles_per, CC.id_bits(V),
+        BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
+        VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
+        EXACT=cfg.get("EXACT", 0), MAXC=MAXC, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+
+
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
-                 temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-                 positions: torch.Tensor | None = None, out: VerifyResult | None = None,
-                 config: dict | None = None) -> VerifyResult:
+                 temperature: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
+                 top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
+                 seeds: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                 out: VerifyResult | None = None, config: dict | None = None) -> VerifyResult:
     """Verify top-1 drafts against target logits in one launch; see the module doc.
     With `temperature` (float [B]), requests with temperature > 0 sample their target
     tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
-    the others stay greedy, in the same launch."""
+    the others stay greedy, in the same launch. `top_k`/`top_p`/`min_p` ([B], only with
+    temperature): the sampling controls (`_controls_core`; two launches)."""
     given = out is not None
     B, K, V, stride_b, stride_j, out = validate(logits, draft_tokens, out)
     sampling = validate_sampling(temperature, seeds, positions, B, logits.device)
+    controls = validate_controls(top_k, top_p, min_p, sampling, B, logits.device)
     if given:
         check_out_overlap(out, logits, draft_tokens, sampling)
+        if controls is not None:
+            C.check_no_overlap(zip(_OUT_NAMES, out, strict=True),
+                               [(n, t) for n, t in zip(CONTROL_NAMES, controls, strict=True)
+                                if t is not None])
     if B == 0:
         return out
     cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),
                          logits.device)
-    launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling)
+    if controls is not None:
+        launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
+                        sampling, controls)
+    else:
+        launch_verify(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling)
     return out
 
 

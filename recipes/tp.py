@@ -411,11 +411,20 @@ def argmax(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int, gro
 
 def chain_verify(local_logits: torch.Tensor, draft_tokens: torch.Tensor, *,
                  vocab_start: int, vocab_size: int, group=None, temperature=None,
-                 seeds=None, positions=None, out=None, config=None) -> VerifyResult:
+                 seeds=None, positions=None, top_k=None, top_p=None, min_p=None, out=None,
+                 config=None) -> VerifyResult:
     """Vocabulary-parallel `recipes.chain_verify`: `local_logits` [B*(K+1), Vl] or
     [B, K+1, Vl] are this rank's columns (global ids vocab_start ..); the other
     arguments and the VerifyResult (global ids, the same on every rank of `group`) are
-    chain_verify's. Config: chain_verify's."""
+    chain_verify's. Config: chain_verify's. The sampling controls (top_k, top_p, min_p)
+    are single-device for now: given, they raise NotImplementedError."""
+    controls = [n for n, t in zip(CV.CONTROL_NAMES, (top_k, top_p, min_p), strict=True)
+                if t is not None]
+    if controls:
+        raise NotImplementedError(
+            f"{', '.join(controls)}: the sampling controls are single-device for now "
+            "(recipes.chain_verify); tp.chain_verify takes temperature, seeds and "
+            "positions only")
     given = out is not None
     B, K, _, stride_b, stride_j, out = CV.validate(local_logits, draft_tokens, out,
                                                    name="local_logits")

@@ -1,0 +1,247 @@
+"""Sampling controls of chain_verify (top-k, top-p, min-p): the kept set S of a row.
+
+With z_v = float32(logit_v) / T and the row order (z descending, id ascending), every
+filter keeps a prefix of the order (min_p: z_v - z_max >= log(min_p) is monotone in z;
+top_k: the first k; top_p: the shortest prefix whose mass reaches top_p * W), so S is
+{v : pk_v >= P} for one packed key per row,
+
+    pk_v = key(z_v) << IDB | (2^IDB - 1 - v),   IDB = bits of V - 1,
+
+key the argmax order key of `_argmax_core.pack`. Masses are w_v = exp(d_v) with
+d_v = z_v - z_max (0 for ids tied with z_max, so +-inf maxima stay finite), summed in
+integer fixed point (w * 2^40, V < 2^23): the sums do not depend on the order of addition,
+so P does not depend on the launch configuration. A row with a NaN z keeps its first NaN
+id (it wins anyway). Greedy rows and rows with every control off get no threshold
+(PACKED_EMPTY) and are scanned as without controls.
+
+Kernel: `_select_kernel`, one program per row, finds P exactly: the row max, a binary
+search over z keys for the min_p cut, then bisections over packed keys with masked
+counts (top_k) and masses (top_p) of the row. Each bisection step reads the row again
+(64 steps at most per control), so this path is exact but slow (see docs/performance.md,
+"Sampling controls"); the sampled scan then keeps only ids with pk >= P.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _gumbel_core as GC
+from ._argmax_core import PACKED_EMPTY, pack, unpack_value
+
+MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
+
+
+# --- torch: the semantics -------------------------------------------------------------
+def _order_key(z: torch.Tensor) -> torch.Tensor:
+    b = z.contiguous().view(torch.int32).to(torch.int64)
+    k = torch.where(b >= 0, b, -(b & 0x7FFFFFFF))
+    return torch.where(torch.isnan(z), torch.full_like(k, 0x7FFFFFFF), k)
+
+
+def controls_on(top_k, top_p, min_p, V: int, n: int, device) -> torch.Tensor:
+    """bool [n]: some control of the row is on (not an off value)."""
+    on = torch.zeros(n, dtype=torch.bool, device=device)
+    if top_k is not None:
+        k = top_k.to(torch.int64)
+        on |= (k > 0) & (k < V)
+    if top_p is not None:
+        on |= top_p.to(torch.float32) < 1       # NaN: off
+    if min_p is not None:
+        on |= min_p.to(torch.float32) > 0       # NaN: off
+    return on
+
+
+def kept(z: torch.Tensor, top_k, top_p, min_p, slack: float = 0.0) -> torch.Tensor:
+    """bool [R, V]: the kept set S of each row of z (float32 [R, V]) under per-row
+    controls ([R] or None): min_p, then top_k, then top_p (sums in float64). `slack`
+    moves the min_p and top_p thresholds by that relative amount (> 0 keeps more): the
+    tests' bounds for the spec's 1e-5 tolerance."""
+    R, V = z.shape
+    dev = z.device
+    zmax = z.max(dim=1, keepdim=True).values
+    d = torch.where(z == zmax, torch.zeros_like(z), z - zmax)
+    order = torch.sort(-_order_key(z), dim=1, stable=True).indices   # z desc, id asc
+    pos = torch.empty_like(order)
+    pos.scatter_(1, order, torch.arange(V, device=dev).expand(R, V))
+    n = torch.full((R,), V, dtype=torch.int64, device=dev)
+    if min_p is not None:
+        mp = min_p.to(torch.float32)
+        lmp = torch.log(mp)[:, None]
+        keep = (d >= lmp - slack * lmp.abs()) | (z == zmax)
+        n = torch.where(mp > 0, keep.sum(1), n)
+    if top_k is not None:
+        k = top_k.to(torch.int64)
+        n = torch.where((k > 0) & (k < V), torch.minimum(n, k), n)
+    if top_p is not None:
+        p = top_p.to(torch.float32).to(torch.float64)
+        w = torch.exp(d.to(torch.float64)).gather(1, order)
+        j = torch.arange(V, device=dev)[None, :]
+        w = torch.where(j < n[:, None], w, torch.zeros_like(w))
+        excl = torch.cumsum(w, 1) - w
+        target = (p * w.sum(1))[:, None] * (1 + slack)
+        np_ = ((excl < target) & (j < n[:, None])).sum(1).clamp(min=1)
+        n = torch.where(p < 1, np_, n)
+    S = pos < n[:, None]
+    nan_row = torch.isnan(z).any(1, keepdim=True)
+    return torch.where(nan_row, torch.isnan(z), S)
+
+
+def masked_argmax(s: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """argmax over the ids of S of s (torch's argmax rules), int64 [R]."""
+    V = s.shape[1]
+    idx = torch.arange(V, device=s.device, dtype=torch.int64)[None, :]
+    p = _order_key(s) * 2**32 + (0x7FFFFFFF - idx)
+    p = torch.where(S, p, torch.full_like(p, -2**63))
+    return torch.argmax(p, dim=1)
+
+
+# --- Triton ---------------------------------------------------------------------------
+@triton.jit
+def packed_key(z, ids, IDB):
+    """pk of ids with sampled logits z (module doc)."""
+    return ((pack(z, ids) >> 32) << IDB) | ((1 << IDB) - 1 - ids).to(tl.int64)
+
+
+@triton.jit
+def _mass(z, zmax):
+    d = tl.where(z == zmax, 0.0, z - zmax)
+    return (tl.exp(d) * MASS_ONE).to(tl.int64)
+
+
+@triton.jit
+def _above(row_ptr, V, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Count (MASS=False) or fixed-point mass of the ids of the row with pk >= P."""
+    acc = tl.zeros([BLOCK], tl.int64)
+    for lo in range(0, V, BLOCK):
+        ids = lo + tl.arange(0, BLOCK)
+        live = ids < V
+        z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
+        keep = live & (packed_key(z, ids, IDB) >= P)
+        if MASS:
+            acc += tl.where(keep, _mass(z, zmax), 0)
+        else:
+            acc += keep.to(tl.int64)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, V, K,
+                   stride_b, stride_j, st, sk, sp, sm, IDB,
+                   HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    b = r // (K + 1)
+    j = r - b * (K + 1)
+    b64 = b.to(tl.int64)
+    T = tl.load(temp_ptr + b64 * st).to(tl.float32)
+    k = tl.zeros([], tl.int64)
+    p = tl.full([], 1.0, tl.float32)
+    mp = tl.zeros([], tl.float32)
+    on = False
+    if HAS_K:
+        k = tl.load(topk_ptr + b64 * sk).to(tl.int64)
+        on = on | ((k > 0) & (k < V))
+    if HAS_P:
+        p = tl.load(topp_ptr + b64 * sp).to(tl.float32)
+        on = on | (p < 1.0)
+    if HAS_M:
+        mp = tl.load(minp_ptr + b64 * sm).to(tl.float32)
+        on = on | (mp > 0.0)
+    P = tl.full([], PACKED_EMPTY, tl.int64)
+    if (T > 0) & on:
+        row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
+        hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
+        lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
+        for lo in range(0, V, BLOCK):
+            ids = lo + tl.arange(0, BLOCK)
+            live = ids < V
+            z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
+            pk = packed_key(z, ids, IDB)
+            hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
+            lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
+        pmax = tl.max(hi_pk, 0)
+        P = tl.min(lo_pk, 0)                       # keep everything
+        zkey = pmax >> IDB
+        zmax = unpack_value(zkey << 32)
+        if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
+            P = pmax
+        else:
+            if mp > 0.0:
+                # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
+                lmp = tl.log(mp)
+                klo = tl.full([], -0x7F800000, tl.int64)
+                khi = zkey
+                while khi - klo > 0:
+                    mid = klo + (khi - klo) // 2
+                    zm = unpack_value(mid << 32)
+                    d = tl.where(zm == zmax, 0.0, zm - zmax)
+                    if (d >= lmp) | (zm == zmax):
+                        khi = mid
+                    else:
+                        klo = mid + 1
+                P = tl.maximum(P, khi << IDB)
+            if (k > 0) & (k < V):
+                # the largest threshold keeping at least k ids: the k-th id's key
+                lo_t = P
+                hi_t = pmax + 1
+                while hi_t - lo_t > 1:
+                    mid = lo_t + (hi_t - lo_t) // 2
+                    if _above(row_ptr, V, T, zmax, mid, IDB, False, BLOCK) >= k:
+                        lo_t = mid
+                    else:
+                        hi_t = mid
+                P = lo_t
+            if p <= 0.0:
+                P = pmax
+            elif p < 1.0:
+                W = _above(row_ptr, V, T, zmax, P, IDB, True, BLOCK)
+                target = p.to(tl.float64) * W.to(tl.float64)
+                lo_t = P
+                hi_t = pmax + 1
+                while hi_t - lo_t > 1:
+                    mid = lo_t + (hi_t - lo_t) // 2
+                    m = _above(row_ptr, V, T, zmax, mid, IDB, True, BLOCK)
+                    if m.to(tl.float64) >= target:
+                        lo_t = mid
+                    else:
+                        hi_t = mid
+                P = lo_t
+    tl.store(thr_ptr + r, P)
+
+
+@triton.jit
+def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
+                            BLOCK: tl.constexpr):
+    """Packed argmax of the exact sampled scores over the ids of [lo, hi) with
+    pk >= P (`GC.exact_scores`: the reference's rounding)."""
+    G: tl.constexpr = BLOCK // 4
+    lanes = GC.tile_lanes(G)
+    best = tl.full([G, 4], PACKED_EMPTY, tl.int64)
+    for t in range(0, n_tiles):
+        base = lo + t * BLOCK
+        ids = base + lanes
+        live = ids < hi
+        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+        z = tl.math.div_rn(x, T)
+        keep = live & (packed_key(z, ids, IDB) >= P)
+        s = GC.exact_scores(x, T, GC.philox_tile(seed, ctr, base // 4, G))
+        best = tl.maximum(best, tl.where(keep, pack(s, ids), PACKED_EMPTY))
+    return tl.max(tl.reshape(best, [BLOCK]), 0)
+
+
+def id_bits(V: int) -> int:
+    return max(1, (V - 1).bit_length())
+
+
+def launch_select(logits, thr, temperature, controls, B: int, K: int, V: int,
+                  stride_b: int, stride_j: int) -> None:
+    """One program per row: thr[r] = P of row r, or PACKED_EMPTY (no restriction)."""
+    top_k, top_p, min_p = controls
+    like = temperature
+    ts = [t if t is not None else like for t in controls]
+    strides = [t.stride(0) if t is not None else 0 for t in controls]
+    _select_kernel[(B * (K + 1),)](
+        logits, thr, temperature, *ts, V, K, stride_b, stride_j, temperature.stride(0),
+        *strides, id_bits(V), HAS_K=top_k is not None, HAS_P=top_p is not None,
+        HAS_M=min_p is not None, BLOCK=1024, num_warps=4)
