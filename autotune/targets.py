@@ -220,6 +220,46 @@ def sampled_cost(inp):
             f"{p50(worst, 'ours (greedy)'):.1f} us")
 
 
+def _controls_at_most(inp, controls: str, limits: dict):
+    found, bad = [], []
+    for B, limit in limits.items():
+        c = inp.need("chain_verify_controls", dtype="bfloat16", B=B, K=3, V=151936,
+                     controls=controls)[0]
+        found.append(f"B={B}: {ours_time(c):.1f} us (<= {limit})")
+        if ours_time(c) > limit:
+            bad.append(B)
+    worst = max(ours_time(inp.need("chain_verify_controls", B=B, K=3, V=151936,
+                                   controls=controls)[0]) / lim for B, lim in limits.items())
+    return round(worst, 3), not bad, "; ".join(found)
+
+
+def _controls_ratio(inp, controls: str, limit: float):
+    cs = inp.need("chain_verify_controls", lambda c: p50(c, "ours (temperature only)"),
+                  " with a temperature-only timing", dtype="bfloat16", K=3, V=151936,
+                  controls=controls)
+    ratio = {id(c): ours_time(c) / p50(c, "ours (temperature only)") for c in cs}
+    worst = max(cs, key=lambda c: ratio[id(c)])
+    return round(ratio[id(worst)], 3), ratio[id(worst)] <= limit, "; ".join(
+        f"B={c['label']['B']}: {ours_time(c):.1f} / {p50(c, 'ours (temperature only)'):.1f}"
+        " us" for c in cs)
+
+
+def controls_topk_topp(inp):
+    return _controls_at_most(inp, "topk_topp", {1: 11, 8: 25, 64: 130})
+
+
+def controls_topp(inp):
+    return _controls_at_most(inp, "topp", {1: 16, 8: 35, 64: 200})
+
+
+def controls_minp(inp):
+    return _controls_ratio(inp, "minp", 1.3)
+
+
+def controls_off(inp):
+    return _controls_ratio(inp, "off", 1.05)
+
+
 def draft_tail_b1(inp):
     return _at_most(inp, "draft_tail", 2.0, B=1, V=32000, H=4096)
 
@@ -369,6 +409,14 @@ TARGETS = [
      argmax_vs_torch),
     ("verify.sampled_cost", "chain_verify sampled / greedy, B=64 K=4", "<= 2.5x",
      "x (worst)", sampled_cost),
+    ("verify.controls_topk_topp", "chain_verify top_k=20 top_p=0.95, K=3 V=151936 bf16",
+     "B=1 <= 11, B=8 <= 25, B=64 <= 130 us", "x of the limit (worst)", controls_topk_topp),
+    ("verify.controls_topp", "chain_verify top_p=0.9, K=3 V=151936 bf16",
+     "B=1 <= 16, B=8 <= 35, B=64 <= 200 us", "x of the limit (worst)", controls_topp),
+    ("verify.controls_minp", "chain_verify min_p=0.05 / temperature only, K=3 V=151936",
+     "<= 1.3x at each B", "x (worst)", controls_minp),
+    ("verify.controls_off", "chain_verify controls all off / temperature only",
+     "<= 1.05x at each B", "x (worst)", controls_off),
     ("draft_tail.b1", "draft_tail B=1 Vd=32000 H=4096", "<= 2.0 us", "us", draft_tail_b1),
     ("draft_tail.b256_bw", "draft_tail B=256 Vd=151936 (hidden counted read once)",
      ">= 85% copy BW", "% copy BW (worst)", draft_tail_bw),

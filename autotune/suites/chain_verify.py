@@ -95,6 +95,40 @@ def _sampled_bench_cases(preset: str):
     return cases
 
 
+CONTROLS = {"topk_topp": {"top_k": 20, "top_p": 0.95}, "topp": {"top_p": 0.9},
+            "minp": {"min_p": 0.05}, "off": {"top_k": 0, "top_p": 1.0, "min_p": 0.0}}
+
+
+def _controls_bench_cases(preset: str):
+    """The issue's target shapes: K=3, V=151936 bf16, every request at T=0.7 with one
+    set of controls; "ours (temperature only)" is the same call without them."""
+    shapes = [(1, 4096)] if preset == "smoke" else [(b, 151936) for b in (1, 8, 64)]
+    cases = []
+    for B, V in shapes:
+        key = tune_key(torch.bfloat16, V, B, 3, True)
+        for name, ctl in CONTROLS.items():
+            def make(device, seed, key=key, ctl=ctl, B=B):
+                x, d, kw = make_inputs(key, device, seed)
+                kw["temperature"] = torch.full((B,), 0.7, device=device)
+                c = {n: torch.full((B,), v, device=device,
+                                   dtype=torch.int64 if n == "top_k" else torch.float32)
+                     for n, v in ctl.items()}
+                out = reference(x, d)
+                return {"x": x, "d": d, "kw": kw, "c": c,
+                        "out": VerifyResult(*[t.clone() for t in out])}
+
+            cases.append(BenchCase(
+                label={"dtype": "bfloat16", "B": B, "K": 3, "V": V, "controls": name},
+                make=make, bytes=TUNING.bytes_moved(key),
+                variants={
+                    "ours": BenchVariant(lambda s: chain_verify(
+                        s["x"], s["d"], out=s["out"], **s["kw"], **s["c"])),
+                    "ours (temperature only)": BenchVariant(lambda s: chain_verify(
+                        s["x"], s["d"], out=s["out"], **s["kw"])),
+                }))
+    return cases
+
+
 SUITES = [
     BenchSuite(
         name=TUNING.name, cases=_bench_cases, title="chain_verify (greedy)",
@@ -114,6 +148,10 @@ SUITES = [
               "T), exponential race argmax(probs / Exp(1)), accept logic (a different "
               "random stream: same distribution, not the same tokens). Bytes: the logits "
               "read once plus drafts, sampling inputs and outputs."),
-
-
+    BenchSuite(
+        name=TUNING.name + "_controls", cases=_controls_bench_cases,
+        title="chain_verify (sampling controls)",
+        notes="ours: chain_verify with top_k/top_p/min_p tensors (every request the same "
+              "values, T=0.7): the per-row threshold launch, then the restricted scan; "
+              "ours (temperature only): the same call without the control tensors."),
 ]
