@@ -240,7 +240,7 @@ def key_str(key: dict) -> str:
 
 # The library's tuned recipes, in the order tunes and reports list them.
 RECIPE_MODULES = ("argmax", "chain_verify", "draft_tail", "relay", "verify_metadata",
-                  "copy_inputs", "compat.sglang")
+                  "copy_inputs", "compat.sglang", "compat.vllm.mrv2")
 
 
 def all_tunings() -> list[Tuning]:
