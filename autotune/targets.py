@@ -171,6 +171,32 @@ def draft_all(inp):
     return ok_e + ok_t, met_e and met_t, f"draft_extend: {det_e}. draft_topk1: {det_t}"
 
 
+def _against_chain_verify(inp, ops):
+    """compat_vllm: each case of `ops` against chain_verify on the same B (x 1.1)."""
+    cs = [c for c in inp.need("compat_vllm") if c["label"]["op"] in ops]
+    if not cs:
+        raise Missing(f"bench-compat_vllm.json has no case of {'/'.join(ops)}")
+    bad, worst = [], 0.0
+    for c in cs:
+        ref = p50(c, "ours: chain_verify")
+        if ref is None:
+            bad.append(f"{_lab(c['label'])}: chain_verify not timed")
+            continue
+        worst = max(worst, ours_time(c) / ref)
+        if ours_time(c) > 1.1 * ref:
+            bad.append(f"{_lab(c['label'])}: {ours_time(c):.2f} us > 1.1 x {ref:.2f}")
+    return round(worst, 3), not bad, (f"{len(cs) - len(bad)} of {len(cs)} cases; not met: "
+                                      + "; ".join(bad) if bad else f"all {len(cs)} cases")
+
+
+def vllm_greedy(inp):
+    return _against_chain_verify(inp, ("v1", "mrv2"))
+
+
+def vllm_sampled(inp):
+    return _against_chain_verify(inp, ("mrv2_sampled",))
+
+
 PDL_B2B = "ours, PDL on (back to back)"
 
 
@@ -397,6 +423,11 @@ TARGETS = [
      verify_all),
     ("dropin.draft_all", "compat draft_extend (hidden) and draft_topk1, B in {1,8,64,256}, "
      "Vd in {32000,151936}, H 4096", "each <= SGLang / 1.3", "cases met", draft_all),
+    ("dropin.vllm_greedy", "compat.vllm v1 and MRv2 greedy, B in {1,4,16,64,256}, K=3, "
+     "V=151936 bf16, uniform and ragged", "each <= chain_verify x 1.1 (same B)",
+     "x chain_verify (worst)", vllm_greedy),
+    ("dropin.vllm_sampled", "compat.vllm MRv2 sampled (temperature only), same shapes",
+     "each <= sampled chain_verify x 1.1 (same B)", "x chain_verify (worst)", vllm_sampled),
     ("verify.greedy_b1", "chain_verify greedy B=1 K=3 V=151936 bf16",
      "<= 2.5 us (back to back <= 2.0 us)", "us", greedy_b1),
     ("verify.sampled_b1", "chain_verify sampled B=1 K=3 V=151936 bf16", "<= 3.5 us", "us",

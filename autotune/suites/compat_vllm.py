@@ -1,0 +1,126 @@
+"""Benchmark of recipes.compat.vllm: vLLM's rejection samplers, drop-in, against our own
+chain_verify on the same shape (B requests, K = 3, V = 151936 bf16) and, where vLLM is
+importable on the GPU, against vLLM's own functions.
+
+Layouts: "uniform" (every request drafts K tokens) and "ragged" (drafts 3, 1, 0, 2 in
+turn, so the logits hold fewer rows than B x (K + 1)). Ops: v1 greedy, MRv2 greedy and
+MRv2 sampled (temperatures in [0.5, 1.5], the logits taken as already divided, as vLLM
+passes them). "ours: chain_verify" is recipes.chain_verify on the uniform batch of the
+same B (greedy or sampled): the yardstick of the drop-in targets.
+"""
+import importlib.util
+import types
+
+import torch
+
+from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from recipes.chain_verify import chain_verify, tune_key
+from recipes.chain_verify import make_inputs as verify_inputs
+from recipes.compat.vllm import mrv2, v1
+
+K, V, DT = 3, 151936, torch.bfloat16
+RAGGED = (3, 1, 0, 2)
+
+
+def _shapes(preset: str):
+    if preset == "smoke":
+        return [(2, 4096)]
+    if preset == "quick":
+        return [(1, V), (64, V)]
+    return [(b, V) for b in (1, 4, 16, 64, 256)]
+
+
+def _drafts(B: int, layout: str) -> list[int]:
+    return [K] * B if layout == "uniform" else [RAGGED[i % 4] for i in range(B)]
+
+
+def _vllm(path: str):
+    """vLLM's module at `path`, or None where vLLM is not importable (or not on CUDA)."""
+    if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+        return None
+    try:
+        return importlib.import_module(path)
+    except Exception:  # noqa: BLE001 - an unusable install is not timed
+        return None
+
+
+def _make(B, Vv, layout, op):
+    def make(device, seed):
+        nd = _drafts(B, layout)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        sampled = op == "mrv2_sampled"
+        x, d, kw = verify_inputs(tune_key(DT, Vv, B, K, sampled), device, seed)
+        s = {"cv": (x, d, kw)}
+        rows = [j for b, n in enumerate(nd)
+                for j in range(b * (K + 1), b * (K + 1) + n + (0 if op == "v1" else 1))]
+        logits = x[torch.tensor(rows, device=device)].contiguous()
+        N = logits.shape[0]
+        if op == "v1":
+            dt = torch.cat([d[b, :n] for b, n in enumerate(nd)]).to(torch.int32)
+            s["args"] = (dt, nd, K, torch.tensor(nd, device=device).cumsum(0).to(torch.int32),
+                         None, logits, torch.randint(0, Vv, (B, 1), generator=g).to(device)
+                         .to(torch.int32),
+                         types.SimpleNamespace(all_greedy=True, all_random=False,
+                                               temperature=None, top_k=None, top_p=None,
+                                               generators={}))
+            s["out"] = torch.empty(B, K + 1, dtype=torch.int32, device=device)
+        else:
+            L = [n + 1 for n in nd]
+            cu = torch.cat([torch.zeros(1, dtype=torch.int64),
+                            torch.tensor(L).cumsum(0)]).to(device).to(torch.int32)
+            ds = torch.cat([torch.cat([d[b, :1] * 0, d[b, :n]]) for b, n in enumerate(nd)])
+            pos = torch.cat([torch.arange(n) + 1000 * i for i, n in enumerate(L)]).to(device)
+            idx = torch.arange(B, device=device, dtype=torch.int32)
+            eidx = torch.repeat_interleave(idx, torch.tensor(L, device=device))
+            elp = torch.cat([torch.arange(n) for n in L]).to(device).to(torch.int32)
+            temp = (kw["temperature"] if sampled else torch.zeros(B, device=device)).float()
+            seeds = kw["seeds"] if sampled else torch.zeros(B, dtype=torch.int64,
+                                                            device=device)
+            s["args"] = (logits, None, ds, cu, pos, idx, eidx, elp, temp, seeds, K)
+            s["out"] = (torch.empty(B, K + 1, dtype=torch.int64, device=device),
+                        torch.empty(B, dtype=torch.int32, device=device))
+        s["N"] = N
+        return s
+    return make
+
+
+def _cases(preset: str):
+    v1_ref = _vllm("vllm.v1.sample.rejection_sampler")
+    m2_ref = _vllm("vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils")
+    cases = []
+    for B, Vv in _shapes(preset):
+        for layout in ("uniform", "ragged"):
+            for op in ("v1", "mrv2", "mrv2_sampled"):
+                fn = v1.rejection_sample if op == "v1" else mrv2.rejection_sample
+                ref = v1_ref if op == "v1" else m2_ref
+                rows = sum(n + (op != "v1") for n in _drafts(B, layout))
+                variants = {
+                    "ours": BenchVariant(lambda s, fn=fn: fn(*s["args"], out=s["out"])),
+                    "ours: chain_verify": BenchVariant(
+                        lambda s: chain_verify(s["cv"][0], s["cv"][1], **s["cv"][2])),
+                }
+                if ref is not None:
+                    variants["vllm"] = BenchVariant(
+                        lambda s, ref=ref: ref.rejection_sample(*s["args"]), peer=True)
+                cases.append(BenchCase(
+                    label={"op": op, "layout": layout, "dtype": "bfloat16", "B": B, "K": K,
+                           "V": Vv},
+                    make=_make(B, Vv, layout, op),
+                    bytes=rows * Vv * 2 + rows * 16 + B * (K + 1) * 8, variants=variants))
+    return cases
+
+
+SUITES = [
+    BenchSuite(
+        name="compat_vllm", cases=_cases,
+        title="compat.vllm (vLLM's rejection samplers, drop-in)",
+        notes="op v1: v1.rejection_sample (greedy batch, all_greedy); op mrv2 / "
+              "mrv2_sampled: mrv2.rejection_sample with temperature 0 / in [0.5, 1.5] "
+              "(the logits as vLLM passes them, divided already). layout uniform: K = 3 "
+              "drafts a request; ragged: 3, 1, 0, 2 in turn. 'ours: chain_verify': "
+              "recipes.chain_verify on the uniform batch of the same B (sampled for "
+              "mrv2_sampled); 'vllm': vLLM's own function where importable on the GPU. "
+              "Bytes: the rows read once plus ids and outputs.",
+        extra={"plot": {"x": "B", "panel": "op",
+                        "fixed": {"dtype": "bfloat16", "layout": "uniform", "V": V}}}),
+]
