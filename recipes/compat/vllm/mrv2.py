@@ -65,6 +65,8 @@ tests/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ... import _common as C
@@ -133,6 +135,10 @@ def _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
     return R, N, V, K
 
 
+# the call's arguments that `_validate` checks, by name (the two entry points share it)
+_VALIDATED = tuple(inspect.signature(_validate).parameters)
+
+
 def _outputs(out, R, K, dev):
     if out is None:
         return (torch.empty((R, K + 1), dtype=torch.int64, device=dev),
@@ -164,12 +170,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_logits: torch.Tensor | N
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM model-runner v2's rejection sampling of a ragged batch in one launch (module
     doc): (sampled int64 [R, K + 1], num_sampled int32 [R])."""
-    R, N, V, K = _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos,
-                           idx_mapping, expanded_idx_mapping, expanded_local_pos,
-                           temperature, seed, num_speculative_steps,
-                           synthetic_conditional_rates, use_block_verification, contexts,
-                           watermarking, watermark_key, fly_window_size, top_k, top_p,
-                           min_p, apply_temperature)
+    R, N, V, K = _validate(**{n: v for n, v in locals().items() if n in _VALIDATED})
     dev = target_logits.device
     given = out is not None
     sampled, num = _outputs(out, R, K, dev)
@@ -199,12 +200,7 @@ def reference(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
               apply_temperature=False, top_k=None, top_p=None, min_p=None):
     """`rejection_sample` in plain torch (request by request): its exact outputs, sampled
     rows included (the Gumbel-max samples of `recipes.chain_verify`'s stream)."""
-    R, N, V, K = _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos,
-                           idx_mapping, expanded_idx_mapping, expanded_local_pos,
-                           temperature, seed, num_speculative_steps,
-                           synthetic_conditional_rates, use_block_verification, contexts,
-                           watermarking, watermark_key, fly_window_size, top_k, top_p,
-                           min_p, apply_temperature)
+    R, N, V, K = _validate(**{n: v for n, v in locals().items() if n in _VALIDATED})
     sampled = torch.full((R, K + 1), -1, dtype=torch.int64)
     num = torch.zeros(R, dtype=torch.int32)
     x, ds, ps = target_logits.cpu(), draft_sampled.cpu(), pos.cpu()
