@@ -546,10 +546,10 @@ def test_cli_smoke_tune_of_every_recipe(tmp_path):
     reg.load_recipes("recipes")
     real = sorted(n for n in reg.tunables() if not n.startswith("fake_"))
     asked = sorted(n for n in real if reg.tunables()[n].on_request)
-    assert asked == ["sglang_draft_extend", "sglang_draft_topk1"]
+    assert asked == ["sglang_draft_extend", "sglang_draft_topk1", "vllm_ragged_verify"]
     assert "sglang_target_verify" in real
-    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1"
-            in r.stderr)
+    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1, "
+            "vllm_ragged_verify" in r.stderr)
     real = [n for n in real if n not in asked]
     assert f"wrote {len(real)} table(s)" in r.stderr
     out = tmp_path / "cpu-interpreter"
