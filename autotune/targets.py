@@ -6,7 +6,8 @@ prints TARGETS.md (a markdown table) and writes `<dir>/targets.json`: a list of
 {"id", "what", "target", "measured", "unit", "met", "detail"} (and "reason" where `met`
 is null: an input is missing or predates what the target needs). Inputs, all under
 `<dir>`: the bench files (`BENCH.json`, `bench-<suite>.json`), `tune-report.json` and
-`tuner-quality.json` where present, and `sglang-reference.json` (SGLang's times on this
+`tuner-quality.json` where present, `spec-decode.json` (the example's decode loop),
+and `sglang-reference.json` (SGLang's times on this
 GPU, the drop-in targets' yardstick; see its note). Times are the bench's primary timing
 (each call behind a plain kernel); a suite timed by an earlier bench, back to back only,
 gives null. copy_TBps: the copy-bandwidth ceiling for the bandwidth fractions (default:
@@ -415,6 +416,56 @@ def tune_geomean(inp):
         f"differs ({same} where it is the heuristic's)" for s, (g, n, same) in per.items())
 
 
+# --- the example's decode loop (examples/spec_decode.py, spec-decode.json) ---------------
+def _e2e(inp) -> dict:
+    """{B: {loop: row}} of spec-decode.json, with the profile (a GPU run)."""
+    rows = inp.file("spec-decode.json").get("rows") or []
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["B"], {})[r["loop"]] = r
+    if not by or any("gpu_busy" not in r for loops in by.values() for r in loops.values()):
+        raise Missing("spec-decode.json has no profiled rows (a CPU smoke run?)")
+    if any(set(loops) != {"recipes", "torch"} for loops in by.values()):
+        raise Missing("spec-decode.json lacks a recipes or torch row at some B")
+    return by
+
+
+def e2e_gpu_bound(inp):
+    by = _e2e(inp)
+    least = {B: min(loops["recipes"]["gpu_busy"]) for B, loops in by.items()}
+    worst = min(least.values())
+    return (round(100 * worst, 1), worst >= 0.9, "; ".join(
+        f"B={B}: {100 * v:.1f}% (torch {100 * min(by[B]['torch']['gpu_busy']):.1f}%)"
+        for B, v in sorted(least.items())))
+
+
+def e2e_pieces(inp):
+    by = _e2e(inp)
+    ratio = {B: loops["recipes"]["pieces_total_us"] / loops["torch"]["pieces_total_us"]
+             for B, loops in by.items()}
+    worst = max(ratio.values())
+    return (round(worst, 3), worst <= 1 / 3, "; ".join(
+        f"B={B}: {by[B]['recipes']['pieces_total_us']:.1f} / "
+        f"{by[B]['torch']['pieces_total_us']:.1f} us" for B in sorted(ratio)))
+
+
+def e2e_tps(inp):
+    """The gain of the mean tokens/s over the larger run-to-run spread of the two loops."""
+    by = _e2e(inp)
+    parts, least, ok = [], None, True
+    for B, loops in sorted(by.items()):
+        a, b = loops["recipes"]["tokens_per_s"], loops["torch"]["tokens_per_s"]
+        if len(a) < 2 or len(b) < 2:
+            raise Missing(f"spec-decode.json: B={B} was not run twice")
+        gain = sum(a) / len(a) - sum(b) / len(b)
+        noise = max(max(a) - min(a), max(b) - min(b))
+        pct = 100 * gain / (sum(b) / len(b))
+        ok = ok and gain > noise
+        least = pct if least is None else min(least, pct)
+        parts.append(f"B={B}: {gain:+.0f} tokens/s ({pct:+.1f}%), spread {noise:.0f}")
+    return round(least, 2), ok, "; ".join(parts)
+
+
 TARGETS = [
     ("dropin.verify_b1", "compat target_verify B=1 N=4 V=151936 bf16", "<= 2.8 us", "us",
      verify_b1),
@@ -468,6 +519,13 @@ TARGETS = [
      "no case more than 2% slower", "cases slower", never_slower),
     ("tune.geomean", "tuned / heuristic speedup, argmax and chain_verify",
      ">= 1.03x geomean in each", "x (least)", tune_geomean),
+    ("e2e.gpu_bound", "example decode loop (one CUDA graph a step), recipes: GPU busy over "
+     "the step's wall time, B in {1,4,16,64}", ">= 90% at every B", "% (least)",
+     e2e_gpu_bound),
+    ("e2e.pieces", "example decode loop: the recipes' pieces' GPU time a step over the "
+     "torch pieces'", "<= 1/3 at every B", "x (worst)", e2e_pieces),
+    ("e2e.tps", "example decode loop: recipes tokens/s over torch's",
+     "above at every B by more than the spread of two runs", "% (least gain)", e2e_tps),
 ]
 
 
