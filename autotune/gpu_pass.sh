@@ -160,7 +160,7 @@ for step in "${steps[@]}"; do
       wrote_results=1 ;;
     example)
       run_step example "$PY" examples/spec_decode.py --bench \
-        ${EXAMPLE_ARGS:---batch 1 4 --K 3 --repeat 1 --new-tokens 48} || status=1
+        ${EXAMPLE_ARGS:-} || status=1
       wrote_results=1 ;;
     stages)
       run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
