@@ -87,7 +87,7 @@ bench-compare: $(SETUP)
 	       --base-name "$(RESULTS) at $(BASE)"; rc=$$?; rm -rf $$d; exit $$rc
 
 lint: $(SETUP)
-	$(PY) -m ruff check recipes autotune tests examples
+	$(PY) -m ruff check recipes autotune tests examples tools
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

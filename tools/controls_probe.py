@@ -3,6 +3,9 @@ K=3, V=151936 bf16, T=0.7), behind a plain kernel in a CUDA graph (autotune.timi
 against the temperature-only call on the same inputs. Prints a markdown table."""
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, not tools/, first
 
 import torch
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU pass of spec-cookbook on any CUDA host, as steps that each fit in a 10-minute job:
 #
-#   autotune/gpu_pass.sh [--out DIR] [--wheels DIR] STEP...
+#   tools/gpu_pass.sh [--out DIR] [--wheels DIR] STEP...
 #
 #   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)            (~3-5 min)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
@@ -21,11 +21,11 @@
 #             each writes its suites as they finish and keeps the other's)
 #   example   examples/spec_decode.py --bench with EXAMPLE_ARGS (default: the sweep of
 #             the committed H200 report) -> results/<gpu>/spec-decode.md   (~1 min)
-#   stages    python -m autotune.stages: the small-batch verify priced stage by stage
+#   stages    python tools/stages.py: the small-batch verify priced stage by stage
 #             -> results/<gpu>/stages.md                                 (~1 min)
-#   sampled-stages  python -m autotune.sampled_stages: the same for sampled rows
+#   sampled-stages  python tools/sampled_stages.py: the same for sampled rows
 #             -> results/<gpu>/stages-sampled.md                         (~3 min)
-#   costs     python -m autotune.tune.costs: what one config's measurement costs the
+#   costs     python tools/tune_costs.py: what one config's measurement costs the
 #             tuner, piece by piece (the load probe wants a tune's cache), then the
 #             default grids' binaries and launcher signatures (--launchers) (~2 min)
 #   targets   python -m autotune.targets: TARGETS.md and targets.json of the results
@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#steps[@]} -gt 0 ] || { usage; exit 2; }
-[ -f autotune/gpu_pass.sh ] || { echo "gpu_pass: run from the repository root" >&2; exit 2; }
+[ -f tools/gpu_pass.sh ] || { echo "gpu_pass: run from the repository root" >&2; exit 2; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-${TMPDIR:-/tmp}/spec-cookbook-triton-cache}
@@ -163,15 +163,15 @@ for step in "${steps[@]}"; do
         ${EXAMPLE_ARGS:-} || status=1
       wrote_results=1 ;;
     stages)
-      run_step stages "$PY" -m autotune.stages --out "$results/stages.md" || status=1
+      run_step stages "$PY" tools/stages.py --out "$results/stages.md" || status=1
       wrote_results=1 ;;
     sampled-stages)
-      run_step sampled-stages "$PY" -m autotune.sampled_stages \
+      run_step sampled-stages "$PY" tools/sampled_stages.py \
         --out "$results/stages-sampled.md" || status=1
       wrote_results=1 ;;
     costs)
-      run_step costs "$PY" -m autotune.tune.costs || status=1
-      run_step launchers "$PY" -m autotune.tune.costs --launchers || status=1 ;;
+      run_step costs "$PY" tools/tune_costs.py || status=1
+      run_step launchers "$PY" tools/tune_costs.py --launchers || status=1 ;;
     targets)
       if "$PY" -m autotune.targets "$results" >"$results/TARGETS.md.tmp" 2>"$out/targets.log"; then
         mv "$results/TARGETS.md.tmp" "$results/TARGETS.md"

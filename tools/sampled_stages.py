@@ -1,11 +1,11 @@
 """Stage pricing of chain_verify's sampled rows at small batches: where the microseconds
 of a sampled verify go, next to the greedy verify of the same shape.
 
-    python -m autotune.sampled_stages --out results/h200/stages-sampled.md   (~3 min, H200)
-    python -m autotune.sampled_stages --check     (stage outputs only; on the CPU under
-                                                   TRITON_INTERPRET=1)
+    python tools/sampled_stages.py --out results/h200/stages-sampled.md   (~3 min, H200)
+    python tools/sampled_stages.py --check     (stage outputs only; on the CPU under
+                                                TRITON_INTERPRET=1)
 
-The regime, the two passes and the report are those of `autotune.stages`: every call
+The regime, the two passes and the report are those of `tools.stages`: every call
 behind a plain one-element torch op in a CUDA graph, priced as time(op + call) - time(op).
 
 Stages, each on the grid of the config's sampled launch (B*N*SPLIT programs), each a
@@ -19,7 +19,7 @@ superset of the one before:
                bound check of every other lane, the rare extra lanes; the packed exact
                answer stored per program
     +finish    plus the arrival counter and the last program's read-back of the N slots
-               (`autotune.stages.finish_rows`): the N sampled tokens written
+               (`tools.stages.finish_rows`): the N sampled tokens written
     sampled    the recipe: chain_verify with temperature (out= given), i.e. plus the
                drafts, the per-request sampling inputs and the accept logic
     exact      the recipe with config EXACT=1: every id scored exactly (same outputs)
@@ -37,15 +37,18 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, not tools/, first
 
 import torch
 import triton
 import triton.language as tl
 
-from autotune import stages as S
 from recipes import _common as C
 from recipes import _gumbel_core as GC
 from recipes._argmax_core import pack, publish_packed
+from tools import stages as S
 
 CV = importlib.import_module("recipes.chain_verify")
 STAGES = ("empty", "bound", "filter", "+finish", "sampled", "exact", "greedy")
@@ -210,7 +213,7 @@ class SampledShape(S.Shape):
 
 
 def main(argv=None) -> int:
-    return S.cli(argv, prog="python -m autotune.sampled_stages", doc=__doc__,
+    return S.cli(argv, prog="python tools/sampled_stages.py", doc=__doc__,
                  title="Stage pricing of chain_verify's sampled rows at small batches",
                  make_shape=SampledShape, stages=STAGES, heads=STAGES,
                  default_shapes=((1, 4), (4, 4), (8, 4)))

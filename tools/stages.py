@@ -1,10 +1,10 @@
 """Stage pricing of the small-batch verify path: where the microseconds of chain_verify's
 one launch go at B <= 16, and what the SGLang adapter adds on top.
 
-    python -m autotune.stages --out results/h200/stages.md     (about 2 minutes on an H200)
-    python -m autotune.stages --check      (stage outputs only; on the CPU under
-                                            TRITON_INTERPRET=1)
-    python -m autotune.stages --shape 2x4 --configs tuned,heuristic \
+    python tools/stages.py --out results/h200/stages.md     (about 2 minutes on an H200)
+    python tools/stages.py --check      (stage outputs only; on the CPU under
+                                         TRITON_INTERPRET=1)
+    python tools/stages.py --shape 2x4 --configs tuned,heuristic \
         --stages split+finish,chain_verify   (a subset: shapes, configs, stages)
 
 Regime: every call runs behind a plain one-element torch op (`tick.add_(1)`) in a CUDA
@@ -52,6 +52,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, not tools/, first
 
 import torch
 import triton
@@ -503,7 +505,7 @@ def parse_shape(text: str):
 
 def cli(argv, *, prog: str, doc: str, title: str, make_shape, stages, heads,
         default_shapes) -> int:
-    """The command line of a stage pricing (this module's and `autotune.sampled_stages`):
+    """The command line of a stage pricing (this module's and `tools.sampled_stages`):
     `make_shape(B, N, V, dtype, device, sets=None)` gives a shape with `configs`, `check`,
     `calls` and `per_shape_calls`; `stages` are its stage names."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
@@ -557,7 +559,7 @@ def cli(argv, *, prog: str, doc: str, title: str, make_shape, stages, heads,
 
 
 def main(argv=None) -> int:
-    return cli(argv, prog="python -m autotune.stages", doc=__doc__,
+    return cli(argv, prog="python tools/stages.py", doc=__doc__,
                title="Stage pricing of chain_verify at small batches", make_shape=Shape,
                stages=STAGES, heads=("empty", "read", "split", "+finish", "release", "spin",
                                      "verify", "adapter"),

@@ -1,4 +1,4 @@
-"""`python -m autotune.tune.costs`: what measuring one config costs the tuner, piece by
+"""`python tools/tune_costs.py`: what measuring one config costs the tuner, piece by
 piece, outside a tune (no compile pool beside it), on a few default keys of this GPU.
 
 For each key: the Measurer's set-up, then over its first `--configs` configs in the
@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, not tools/, first
 
 import torch
 
-from .. import timing
-from .compile import probe
-from .measure import Measurer, clone, poison_allocator
-from .options import Options, resolve
-from .plan import plan, select_tunables
+from autotune import timing
+from autotune.tune.compile import probe
+from autotune.tune.measure import Measurer, clone, poison_allocator
+from autotune.tune.options import Options, resolve
+from autotune.tune.plan import plan, select_tunables
 
 KEYS = {"chain_verify": "B=1,K=3,V=151936,dtype=bfloat16,mode=greedy",
         "draft_tail": "B=8,H=4096,V=151936,dtype=bfloat16",
@@ -99,7 +103,7 @@ def launchers(jobs, dev) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m autotune.tune.costs",
+    ap = argparse.ArgumentParser(prog="python tools/tune_costs.py",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", type=int, default=24, help="configs a key (default 24)")
     ap.add_argument("--load-key", default="B=64,K=3,V=151936,dtype=float32,mode=greedy",
