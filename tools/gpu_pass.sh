@@ -6,12 +6,12 @@
 #   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)            (~3-5 min)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
 #   fresh     the same as a new GPU meets it: no table, an empty Triton cache, into a
-#             temporary results root; only its report and log are kept, as
-#             results/<gpu>/tune-report.json and logs/fresh-tune.log (the tables stay)
+#             temporary results root; only its report is kept, as
+#             results/<gpu>/tune-report.json (the tables stay; its log is fresh.log in DIR)
 #   retune    python -m autotune tune of $RETUNE_RECIPES alone (comma-separated), into a
 #             fresh store within RETUNE_BUDGET_S s (default 200): their tables replace
-#             those in results/<gpu>/, the run's report and log go to
-#             results/<gpu>/logs/retune-<recipes>-report.json and .log; tune-report.json
+#             those in results/<gpu>/, the run's report goes to
+#             DIR/retune-<recipes>-report.json beside retune.log; tune-report.json
 #             (the last full tune's) is left as it is. For a table that a kernel change
 #             made stale, before a bench
 #   quality   python -m autotune quality: tuner vs exhaustive optimum     (~5 min)
@@ -119,9 +119,7 @@ for step in "${steps[@]}"; do
       if TRITON_CACHE_DIR=$(mktemp -d) run_step fresh "$PY" -m autotune tune \
           --results "$froot" ${TUNE_ARGS:---no-progress}
       then
-        mkdir -p "$results/logs"
         cp "$froot/$slug/tune-report.json" "$results/tune-report.json" || status=1
-        cp "$out/fresh.log" "$results/logs/fresh-tune.log"
       else status=1
       fi
       wrote_results=1 ;;
@@ -132,10 +130,8 @@ for step in "${steps[@]}"; do
       if run_step retune "$PY" -m autotune tune --recipe "$RETUNE_RECIPES" --results "$store" \
           --storage "$store/studies.journal" --budget-s "${RETUNE_BUDGET_S:-200}" --no-progress
       then
-        mkdir -p "$results/logs"
         for r in ${RETUNE_RECIPES//,/ }; do cp "$store/$slug/$r.json" "$results/" || status=1; done
-        cp "$store/$slug/tune-report.json" "$results/logs/retune-$tag-report.json"
-        cp "$out/retune.log" "$results/logs/retune-$tag.log"
+        cp "$store/$slug/tune-report.json" "$out/retune-$tag-report.json"
       else status=1
       fi
       wrote_results=1 ;;
