@@ -1,9 +1,9 @@
 """Small shared test utilities."""
 import pytest
 import torch
-from conftest import ON_GPU  # noqa: F401  (re-exported)
 
 from autotune.registry import bits  # the tuner's correctness check compares these too
+from tests.conftest import ON_GPU  # noqa: F401  (re-exported)
 
 
 class CountingKernel:

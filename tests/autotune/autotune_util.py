@@ -6,23 +6,24 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parents[2]
+FAKE = "tests.autotune.fake_tunables"      # the `--package` of the fake tunables
 
 
 @pytest.fixture(name="fake")
 def fake_fixture():
     """The fake tunables, registered for the test and unregistered after it."""
-    mod = importlib.import_module("fake_tunables")
+    mod = importlib.import_module(FAKE)
     mod.register_all()
     yield mod
     mod.unregister_all()
 
 
 def subprocess_env(**extra) -> dict:
-    """Environment for `python -m autotune ...` subprocesses that can load fake_tunables."""
+    """Environment for `python -m autotune ...` subprocesses that can load
+    `tests.autotune.fake_tunables`."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("SPEC_TUNE_DEVICE", os.environ.get("SPEC_TUNE_DEVICE", ""))
     env.update({k: str(v) for k, v in extra.items()})
     if env.get("SPEC_TUNE_DEVICE") == "cpu":

@@ -1,8 +1,9 @@
 """Throw-away tunables for the autotuner's tests (no Triton, plain torch; CPU or CUDA).
 
-Importing this module registers them; the CLI can load it with `--package fake_tunables`
-when `tests/` is on PYTHONPATH. Names all start with "fake_". Tests import it inside the
-`fake` fixture (tests/autotune_util.py) and unregister them afterwards, so other tests
+Importing this module registers them; the CLI can load it with `--package
+tests.autotune.fake_tunables` when the repository root is on PYTHONPATH. Names all start
+with "fake_". Tests import it inside the `fake` fixture (tests/autotune/autotune_util.py)
+and unregister them afterwards, so other tests
 never see them in the registry.
 
 `fake_scale`: out = x * 2 (exact). Its space has a static constraint, a config that gives

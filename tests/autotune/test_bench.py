@@ -340,9 +340,8 @@ def test_compat_suite_peer_computes_what_the_adapters_do(device):
     """The compat suite's torch peer and chain_verify variant against the adapters, bit for
     bit, outputs and in-place updates (a peer computing something else would make its
     column meaningless)."""
-    from helpers import assert_equal
-
     from autotune.suites.compat_sglang import SUITES
+    from tests.helpers import assert_equal
 
     cases = SUITES[0].cases("smoke")
     assert {c.label["op"] for c in cases} == {"target_verify", "draft_extend", "draft_topk1"}

@@ -7,11 +7,11 @@ import subprocess
 from concurrent.futures import Future
 
 import pytest
-from autotune_util import PY, REPO, subprocess_env
-from helpers import ON_GPU
 
 from autotune.tune.compile import Binary, CompilePool, ConfigCosts
 from autotune.tune.phases import Phases
+from tests.autotune.autotune_util import PY, REPO, subprocess_env
+from tests.helpers import ON_GPU
 
 
 @pytest.mark.parametrize("recipe", ["argmax", "relay", "sglang_target_verify"])
@@ -22,7 +22,7 @@ def test_pool_compiles_what_the_measuring_side_then_loads(tmp_path, recipe):
     at the plain one's registers where it uses more: the pool builds all three."""
     env = subprocess_env()
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([PY, "-c", "import sys, autotune_util; "
+    r = subprocess.run([PY, "-c", "from tests.autotune import autotune_util; "
                         f"autotune_util.compile_pool_check({str(tmp_path)!r}, {recipe!r})"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]

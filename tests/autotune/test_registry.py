@@ -1,13 +1,14 @@
-"""The registry and the tuner's planning (no kernels run)."""
+"""The registry and the tuner's planning and search order (no kernels run)."""
 import pytest
 import torch
-from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import registry
 from autotune.registry import Tunable, key_str, outputs_equal
 from autotune.tune.options import Options, resolve
 from autotune.tune.plan import keys_for, plan
-from autotune.tune.search import Encoding, config_id, is_ordinal, order_configs
+from autotune.tune.search import Encoding, Result, config_id, is_ordinal, order_configs
+from tests.autotune.autotune_util import FAKE, fake_fixture  # noqa: F401  (the `fake` fixture)
+from tests.autotune.test_tune import KEY
 
 
 def test_fake_is_registered_and_recipes_register_themselves(fake):
@@ -113,7 +114,7 @@ def test_key_overrides(fake):
 def test_plan_orders_each_grid_from_the_heuristic(fake):
     F = fake
     cpu = torch.device("cpu")
-    o = resolve(Options(recipes=["fake_scale"], package="fake_tunables"), cpu)
+    o = resolve(Options(recipes=["fake_scale"], package=FAKE), cpu)
     (j,) = plan(o, "test-gpu", cpu)                  # the smoke key on CPU
     assert len(j.grid) == 18 and len(j.order) == 18 and j.limit == 18
     assert sorted(map(config_id, j.order)) == sorted(map(config_id, j.grid))
@@ -131,7 +132,7 @@ def test_plan_orders_each_grid_from_the_heuristic(fake):
     again = order_configs(j.grid, F.SPACE, heur, seed=0, first=(heur, prev, {"BLOCK": 48}))
     assert again[:2] == [heur, prev] and len(again) == 18
     with pytest.raises(SystemExit):
-        plan(Options(recipes=["no_such_recipe"], package="fake_tunables", preset="smoke"),
+        plan(Options(recipes=["no_such_recipe"], package=FAKE, preset="smoke"),
              "x", cpu)
 
 
@@ -216,3 +217,25 @@ def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
     for callee, defs in (("def chunk_scan(", 1), ("def lane_fold(", 2), ("def pack(", 1),
                          ("def pdl_enter(", 1)):
         assert texts.count(callee) == defs, callee
+
+
+def test_encoding_and_sampler_follow_the_order_and_readiness(fake):
+    from autotune.tune.search import KeySearch, Outcome
+
+    grid = fake.SCALE.configs(KEY)
+    order = sorted(grid, key=config_id)
+    not_ready = {config_id(order[0]), config_id(order[1])}
+    ks = KeySearch(fake.SPACE, order, limit=4,
+                   ready=lambda c: config_id(c) not in not_ready,
+                   resumed={config_id(order[2]): Result("ok", 1.0, config=order[2])})
+    seen = []
+    while ks.left():
+        trial, cfg = ks.ask()
+        seen.append(cfg)
+        ks.tell(trial, cfg, Outcome("ok", 2.0, 2.0, 2.0))
+        not_ready.clear()                     # compiled meanwhile
+    # the first ready config first, the resumed one never, nothing past the limit
+    assert seen == [order[3], order[0], order[1]]
+    assert ks.ask() is None and ks.counts()["evaluated"] == 4
+    assert Encoding(fake.SPACE).params(seen[0]) == ks.study.trials[1].params
+

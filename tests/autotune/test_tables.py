@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 import torch
-from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import tables
 from recipes import tables as dispatch
 from recipes.tables import inside_tuned, key_distance, lookup, lookup_slug, nearest
 from recipes.tuning import key_str
+from tests.autotune.autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 
 @pytest.fixture
@@ -308,7 +308,7 @@ def test_committed_tables_match_the_kernels_they_tune():
 
     from recipes.tuning import all_tunings
 
-    root = Path(__file__).resolve().parent.parent / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     checked = 0
     for t in all_tunings():
         for path in sorted(root.glob(f"*/{t.name}.json")):

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 import torch
-from helpers import ON_GPU
 
 from autotune import timing
+from tests.helpers import ON_GPU
 
 CLOCK_MHZ = 1980.0       # the simulated GPU's cycles per microsecond
 REPLAY_US = 40.0         # GPU time of one replay

@@ -1,24 +1,21 @@
 """The tuner end to end: measuring and checking against the reference, failures, the final
-rule, no_slower_at, resume (killed, Ctrl-C), a damaged store, the report, the CLI."""
+rule, no_slower_at, resume, the budget, the compile pool, the report. (From the command
+line: test_tune_cli.py; the quality check: test_quality.py.)"""
 import json
-import os
 import re
-import signal
-import subprocess
 import time
 
 import optuna
 import pytest
 import torch
-from autotune_util import PY, REPO, fake_fixture, subprocess_env  # noqa: F401
 
 from autotune.timing import Timing
 from autotune.tune.options import Options
 from autotune.tune.run import tune
-from autotune.tune.search import EVALUATED, Encoding, Result, config_id, info
-from autotune.tune.store import JOURNAL, Store, StoreError
-from recipes import _common
+from autotune.tune.search import EVALUATED, Result, config_id, info
+from autotune.tune.store import JOURNAL, Store
 from recipes import tables as dispatch
+from tests.autotune.autotune_util import FAKE, fake_fixture  # noqa: F401  (the `fake` fixture)
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 KEY = {"dtype": "float32", "N": 256}
@@ -26,7 +23,7 @@ SLUG = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug
 
 
 def _opts(tmp_path, **kw):
-    base = dict(recipes=["fake_scale"], package="fake_tunables", preset="smoke",
+    base = dict(recipes=["fake_scale"], package=FAKE, preset="smoke",
                 results=str(tmp_path), progress=False, budget_s=0, seed=0,
                 compile_workers=0)
     base.update(kw)
@@ -408,286 +405,6 @@ def test_keys_measured_before_the_estimate_fell_are_topped_up(tmp_path, fake, mo
     assert first["seconds"] > 0 and rep["complete"] is True
 
 
-def _store_trials(db_dir):
-    try:
-        return _trials(db_dir, "fake_slow", "cpu-interpreter")
-    except Exception:  # noqa: BLE001 - not created yet
-        return []
-
-
-TUNE_SLOW = ["-m", "autotune", "tune", "--package", "fake_tunables", "--recipe", "fake_slow",
-             "--trials", "6", "--no-progress", "--budget-s", "0"]
-
-
-@pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
-def test_killed_tune_resumes(tmp_path):
-    """SIGKILL a tune after a few configs reached the store; the store holds finished
-    trials only (nothing RUNNING), and the next run keeps them and completes the key."""
-    cmd = [PY, *TUNE_SLOW, "--results", str(tmp_path)]
-    env = subprocess_env(FAKE_SLOW_S="0.4", SPEC_TUNE_DEVICE="cpu")
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.time()
-    try:
-        while len(_store_trials(tmp_path)) < 2:
-            assert p.poll() is None, p.stdout.read().decode()[-3000:]
-            assert time.time() - t0 < 120, "the first tune made no progress"
-            time.sleep(0.1)
-        os.killpg(p.pid, signal.SIGKILL)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-    before = {t.number: info(t)["config_id"] for t in _store_trials(tmp_path)}
-    assert 2 <= len(before) < 6
-    assert all(t.state.is_finished() for t in _store_trials(tmp_path))
-    r = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_SLOW_S": "0.02"},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    after = _store_trials(tmp_path)
-    assert {t.number: info(t)["config_id"] for t in after if t.number in before} == before
-    ev = [info(t)["config_id"] for t in after]
-    assert len(ev) == len(set(ev)) == 6, "a config ran twice or the key is incomplete"
-    assert (tmp_path / "cpu-interpreter" / "fake_slow.json").exists()
-
-
-@pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
-def test_ctrl_c_says_how_to_resume_and_keeps_what_was_measured(tmp_path):
-    cmd = [PY, *TUNE_SLOW, "--results", str(tmp_path)]
-    env = subprocess_env(FAKE_SLOW_S="0.3", SPEC_TUNE_DEVICE="cpu")
-    # SIGINT as a terminal delivers it: a shell that runs the tests in the background
-    # starts them with SIGINT ignored, and Python then installs no KeyboardInterrupt
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    t0 = time.time()
-    report = tmp_path / "cpu-interpreter" / "studies.journal"
-    while not report.exists() or report.stat().st_size == 0:
-        assert p.poll() is None and time.time() - t0 < 120
-        time.sleep(0.1)
-    time.sleep(1.5)                     # in the middle of a config
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err[-2000:]
-    assert "To resume, run the same command again" in err and "fake_slow" in err
-    rep = json.loads((tmp_path / "cpu-interpreter" / "tune-report.json").read_text())
-    assert rep["interrupted"] is True and rep["complete"] is False
-    trials = _store_trials(tmp_path)
-    assert trials and all(t.state.is_finished() for t in trials)
-    assert "Traceback" not in err
-
-
-def test_a_damaged_store_says_what_to_delete(tmp_path, fake, capsys):
-    from autotune import cli
-
-    path = tmp_path / SLUG / JOURNAL
-    path.parent.mkdir(parents=True)
-    path.write_text('{"op_code": 0, "worker_id"\n{"op_code": 1}\n')
-    with pytest.raises(StoreError) as exc:
-        tune(_opts(tmp_path))
-    msg = str(exc.value)
-    assert str(path) in msg and f"rm {path}" in msg and "delete it" in msg
-    rc = cli.main(["tune", "--package", "fake_tunables", "--recipe", "fake_scale",
-                   "--results", str(tmp_path), "--no-progress"])
-    assert rc == 2 and f"rm {path}" in capsys.readouterr().err
-
-
-def test_encoding_and_sampler_follow_the_order_and_readiness(fake):
-    from autotune.tune.search import KeySearch, Outcome
-
-    grid = fake.SCALE.configs(KEY)
-    order = sorted(grid, key=config_id)
-    not_ready = {config_id(order[0]), config_id(order[1])}
-    ks = KeySearch(fake.SPACE, order, limit=4,
-                   ready=lambda c: config_id(c) not in not_ready,
-                   resumed={config_id(order[2]): Result("ok", 1.0, config=order[2])})
-    seen = []
-    while ks.left():
-        trial, cfg = ks.ask()
-        seen.append(cfg)
-        ks.tell(trial, cfg, Outcome("ok", 2.0, 2.0, 2.0))
-        not_ready.clear()                     # compiled meanwhile
-    # the first ready config first, the resumed one never, nothing past the limit
-    assert seen == [order[3], order[0], order[1]]
-    assert ks.ask() is None and ks.counts()["evaluated"] == 4
-    assert Encoding(fake.SPACE).params(seen[0]) == ks.study.trials[1].params
-
-
-def test_tunables_on_request_are_tuned_only_when_named(capsys):
-    """The default set leaves out a tunable declared `on_request` and says so; naming it
-    with --recipe tunes it."""
-    from autotune.tune.plan import select_tunables
-
-    names = [t.name for t in select_tunables(Options())]
-    assert "sglang_target_verify" in names and "sglang_draft_extend" not in names
-    assert "sglang_draft_topk1" not in names
-    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1"
-            in capsys.readouterr().err)
-    assert [t.name for t in select_tunables(Options(recipes=["sglang_draft_extend"]))] == [
-        "sglang_draft_extend"]
-
-
-@pytest.mark.skipif(_common.interpreter_numpy_problem() is not None,
-                    reason="the CPU smoke tune runs the Triton interpreter: "
-                           f"{_common.interpreter_numpy_problem()}")
-def test_cli_smoke_tune_of_every_recipe(tmp_path):
-    """`python -m autotune tune` with no GPU, as on a fresh machine (TRITON_INTERPRET not
-    set: the command switches the interpreter on itself): the smoke keys of every
-    registered recipe into results/cpu-interpreter/, labelled; then show/report."""
-    env = subprocess_env(SPEC_TUNE_DEVICE="cpu")
-    env.pop("TRITON_INTERPRET", None)
-    t0 = time.time()
-    r = subprocess.run([PY, "-m", "autotune", "tune", "--results", str(tmp_path),
-                        "--no-progress"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert time.time() - t0 < 180
-    import autotune.registry as reg
-    reg.load_recipes("recipes")
-    real = sorted(n for n in reg.tunables() if not n.startswith("fake_"))
-    asked = sorted(n for n in real if reg.tunables()[n].on_request)
-    assert asked == ["sglang_draft_extend", "sglang_draft_topk1", "vllm_ragged_verify"]
-    assert "sglang_target_verify" in real
-    assert ("tuned only when named (--recipe): sglang_draft_extend, sglang_draft_topk1, "
-            "vllm_ragged_verify" in r.stderr)
-    real = [n for n in real if n not in asked]
-    assert f"wrote {len(real)} table(s)" in r.stderr
-    out = tmp_path / "cpu-interpreter"
-    for name in real:
-        tab = json.loads((out / f"{name}.json").read_text())
-        assert tab["header"]["interpreter"] is True, name
-        assert "INTERPRETER" in tab["header"]["label"]
-        assert tab["entries"] and all(e["trials"]["wrong"] == 0 and e["trials"]["errors"] == 0
-                                      for e in tab["entries"]), name
-        assert tab["entries"][0]["key"] in reg.tunables()[name].default_keys("smoke")
-    rep = json.loads((out / "tune-report.json").read_text())
-    assert rep["complete"] and rep["fresh"] and rep["interpreter"]
-    assert {k["recipe"] for k in rep["keys"]} == set(real)
-    assert all(1 <= k["measured"] <= 3 for k in rep["keys"])
-    s = subprocess.run([PY, "-m", "autotune", "show", "--results", str(tmp_path), "--slug",
-                        "cpu-interpreter"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert s.returncode == 0 and all(n in s.stdout for n in real)
-    assert "== tune report" in s.stdout and "== dispatch on GPU 'cpu-interpreter'" in s.stdout
-    s = subprocess.run([PY, "-m", "autotune", "report", "--results", str(tmp_path), "--slug",
-                        "cpu-interpreter"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert s.returncode == 0 and (out / "tuning.md").exists()
-    assert "INTERPRETER SMOKE TUNE" in (out / "tuning.md").read_text()
-
-
-def test_quality_report_smoke(tmp_path, fake):
-    from autotune.quality import quality
-    path = quality(_opts(tmp_path, budget_s=None), n_keys=2, seeds=2, min_grid=4,
-                   max_grid=100)
-    text = path.read_text()
-    assert "Tuner quality" in text and "fake_scale" in text
-    data = json.loads(path.with_suffix(".json").read_text())
-    assert data["n_keys"] == 1 and data["keys"][0]["grid"] == 18
-    k = data["keys"][0]
-    assert k["measured"] == 18 and len(k["replays"]) == 2 and k["budget"] == 9
-    assert all(r["trials_to_goal"] is None or 1 <= r["trials_to_goal"] <= 18
-               for r in k["replays"])
-    # the same study as tune's: a tune now finds the whole grid measured
-    tune(_opts(tmp_path))
-    assert _report(tmp_path)["keys"][0]["measured"] == 18
-
-
-def test_quality_counts_only_complete_grids(tmp_path, fake, monkeypatch, capsys):
-    """A key whose estimated cost does not fit is not started; one cut by the budget's hard
-    stop is listed as incomplete and left out of the verdict; a later run resumes it."""
-    from autotune import quality as Q
-    monkeypatch.setenv("FAKE_SLOW_S", "0.05")
-    for kind in ("cpu", "cuda"):            # the same guess on either device
-        monkeypatch.setitem(Q.SECONDS_PER_CONFIG, kind, 0.5)
-
-    def run(budget_s):
-        path = Q.quality(_opts(tmp_path, recipes=["fake_slow"], budget_s=budget_s,
-                               started=time.monotonic()),
-                         n_keys=2, seeds=1, min_grid=4, max_grid=100)
-        return path.read_text(), json.loads(path.with_suffix(".json").read_text())
-
-    text, data = run(0.3)                  # 18 configs x 0.5 s (the guess above) > 0.3 s
-    assert "fake_slow[N=256,dtype=float32]: not started" in capsys.readouterr().err
-    (inc,) = data["incomplete"]
-    assert data["n_keys"] == 0 and inc["measured"] == 0 and inc["grid"] == 18
-    assert inc["why"].startswith("not started: 18 configs need ~9 s")
-    assert "0 of 18 configs measured (not started" in text
-    for kind in ("cpu", "cuda"):                             # now it is started ...
-        monkeypatch.setitem(Q.SECONDS_PER_CONFIG, kind, 0.0)
-    monkeypatch.setattr(Q, "REPLAY_S", 0.0)
-    text, data = run(0.3)                  # ... and cut: each config takes >= 0.1 s
-    (inc,) = data["incomplete"]
-    assert 1 <= inc["measured"] < 18 and data["keys"] == []
-    assert inc["why"] == "cut by the end of the budget"
-    assert "Incomplete" in text and "0 of 0 complete keys" in text and "NOT MET" in text
-    text, data = run(0)                    # no budget: the grid is completed
-    assert data["incomplete"] == [] and data["n_keys"] == 1
-    (k,) = data["keys"]
-    assert k["measured"] == 18 and k["heuristic"]["note"] is None
-    assert k["heuristic"]["us"] > 0
-
-
-def _quality_row(reached: bool) -> dict:
-    rep = {"seed": 0, "trials_to_goal": 3 if reached else None, "evaluated": 30,
-           "best_at_budget_us": 1.0, "ratio_at_budget": 1.0, "budget": 10}
-    return {"recipe": "r", "key": {"N": 1}, "grid": 30, "measured": 30, "optimum_us": 1.0,
-            "optimum_config": {}, "heuristic": {"us": None, "note": "outside the grid"},
-            "replays": [rep], "budget": 10}
-
-
-@pytest.mark.parametrize("complete,reached,verdict", [(12, 11, "MET"), (12, 10, "NOT MET"),
-                                                      (11, 11, "NOT MET")])
-def test_quality_verdict_needs_twelve_complete_keys(complete, reached, verdict):
-    from autotune.quality import render_report
-    rows = [_quality_row(i < reached) for i in range(complete)]
-    incomplete = [{"recipe": "r", "key": {"N": 2}, "grid": 40, "measured": 7,
-                   "why": "cut by the end of the budget"}]
-    doc = render_report(rows, incomplete, torch.device("cpu"), "cpu-interpreter", Options(),
-                        1, 0.03, 0.5, 1.0, grids=(30, 60),
-                        command="python -m autotune quality --max-grid 60")
-    assert doc["json"]["verdict"] == verdict and doc["json"]["n_keys"] == complete
-    assert doc["json"]["grid_range"] == [30, 60]
-    md = doc["markdown"]
-    assert "whose grid has 30-60 configs" in md
-    assert "made by `python -m autotune quality --max-grid 60`" in md
-    assert f"**{reached} of {complete} complete keys**" in md and f"**{verdict}**" in md
-    assert "`N=2`: 7 of 40 configs measured (cut by the end of the budget)" in md
-    assert "- (outside the grid)" in md
-
-
-def test_quality_replay_walks_the_tuners_order(fake):
-    from autotune.quality import heuristic_time, replay
-    from autotune.tune.plan import Job
-
-    grid = fake.SCALE.configs(KEY)
-    heur = fake.heuristic(KEY, None)
-    job = Job(fake.SCALE, KEY, grid, "s", heur)
-    times = {config_id(c): Result("ok", 10.0 + i, config=c) for i, c in enumerate(grid)}
-    times[config_id(heur)] = Result("ok", 5.0, config=heur)      # the heuristic is best
-    r = replay(job, times, seed=1, frac=0.5, within=0.03)
-    assert r["trials_to_goal"] == 1 and r["ratio_at_budget"] == 1.0 and r["budget"] == 9
-    assert heuristic_time(job, times) == {"us": 5.0, "note": None}
-    assert heuristic_time(Job(fake.SCALE, KEY, grid, "s", None), times) == {
-        "us": None, "note": "outside the grid"}
-    times[config_id(heur)] = Result("error")
-    assert heuristic_time(job, times) == {"us": None, "note": "error"}
-
-
-def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
-    import builtins
-
-    from autotune import cli
-    real_import = builtins.__import__
-
-    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 1 and fromlist and "bench" in fromlist:
-            raise ImportError("No module named 'autotune.bench'")
-        return real_import(name, globals, locals, fromlist, level)
-
-    monkeypatch.setattr(builtins, "__import__", fake_import)
-    assert cli.main(["bench", "--preset", "smoke"]) == 2
-    assert "autotune/bench.py" in capsys.readouterr().err
-
-
 class _FakePool:
     """A compile pool that compiles one queued binary (in its priority order) every
     fourth pump, and at once what the measuring side waits for."""
@@ -773,64 +490,3 @@ def test_measuring_follows_the_compile_pool(tmp_path, fake, monkeypatch):
     assert r["compile"]["pool"]["binaries"] == 4 and r["compile"]["pool"]["workers"] == 2
     assert "compile_wait" in r["phases"]
 
-
-def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):
-    """`python -m autotune show`'s report lines: how many keys reached half their grid
-    (the coverage target), what a config cost, split as the tune measured it and by
-    recipe, and the binaries the measuring process compiled itself, by kernel."""
-    from autotune.views import tune_report_text
-    rep = {"date": "d", "complete": True, "wall_s": 1.0, "budget_s": 2.0, "keys_planned": 3,
-           "configs_measured": 9,
-           "keys": [{"measured": 1, "admitted": 4}, {"measured": 2, "admitted": 4},
-                    {"measured": 6, "admitted": 6}],
-           "compile": {"pool": {"workers": 2, "binaries": 3, "compiled": 3, "from_cache": 0,
-                                "failed": 0, "worker_s": 1.5},
-                       "loaded": 2, "not_from_pool": 0, "compiled_in_process": 1,
-                       "config_costs": {"cached": {"configs": 7, "check_ms": 1.25,
-                                                   "timing_ms": 11.5}},
-                       "config_costs_by_recipe": {"relay": {
-                           "configs": 9, "check_ms": 150.0, "timing_ms": 20.25,
-                           "loads": 2}},
-                       "compiled_in_process_by_kernel": {"recipes.relay._relay_kernel": 1}}}
-    (tmp_path / "g").mkdir()
-    (tmp_path / "g" / "tune-report.json").write_text(json.dumps(rep))
-    text = "\n".join(tune_report_text(tmp_path, "g"))
-    assert "(2 keys not measured in full, 2 at half or more)" in text
-    assert "a config: cached 1.25 ms check + 11.50 ms timing (7)" in text
-    assert "by recipe: relay 170.2 ms (9, 2 loads)" in text
-    assert "compiled in the measuring process: recipes.relay._relay_kernel 1" in text
-    assert "measuring process loaded 2 (0 not from the pool), compiled 1 itself" in text
-
-
-def test_quality_retimes_the_optimum_and_the_picks(fake):
-    """`retime` times the optimum and each seed's pick again together; the verdict then
-    rests on the re-timed ratio, not on the single measurements' lucky optimum."""
-    from autotune.quality import render_report, retime
-
-    opt, pick = {"BLOCK": 256, "W": 2, "S": 1}, {"BLOCK": 64, "W": 2, "S": 1}
-    row = {**_quality_row(False), "optimum_config": opt, "optimum_us": 1.0}
-    row["replays"] = [{**row["replays"][0], "best_at_budget_config": pick,
-                       "ratio_at_budget": 1.05}]
-
-    class M:
-        final_reps, cuda, timed = 3, False, []
-
-        def pace(self, us):
-            pass
-
-        def time(self, cfg, reps, phase):
-            self.timed.append((config_id(cfg), phase))
-            return Timing([1.0 if cfg == opt else 1.02] * reps)
-
-    m = M()
-    retime(row, lambda: m, rounds=2)
-    assert len(m.timed) == 4 and {p for _, p in m.timed} == {"final"}
-    assert row["replays"][0]["retimed_ratio"] == pytest.approx(1.02)
-    doc = render_report([row] * 12, [], torch.device("cpu"), "cpu-interpreter", Options(),
-                        1, 0.03, 0.5, 1.0)
-    assert doc["json"]["verdict"] == "MET" and doc["json"]["passed_single_measurements"] == 0
-    assert "| 1.050 | 1.020 |" in doc["markdown"]
-    same = {**row, "replays": [{**row["replays"][0], "best_at_budget_config": opt}]}
-    m.timed.clear()
-    retime(same, lambda: m, rounds=2)                # the pick is the optimum: no timing
-    assert m.timed == [] and same["replays"][0]["retimed_ratio"] == 1.0

@@ -11,9 +11,9 @@ import tempfile
 
 import optuna
 import pytest
-from autotune_util import PY, REPO, subprocess_env
 
 from autotune.tune.search import EVALUATED, info
+from tests.autotune.autotune_util import FAKE, PY, REPO, subprocess_env
 
 
 def _pg_bin() -> str | None:
@@ -88,7 +88,7 @@ def postgres_url():
 def _two_workers(tmp_path, storage, budget_s="0"):
     """Two workers, two keys: each worker measures and finalises one; the parent writes
     both entries into one table."""
-    cmd = [PY, "-m", "autotune", "tune", "--package", "fake_tunables", "--recipe",
+    cmd = [PY, "-m", "autotune", "tune", "--package", FAKE, "--recipe",
            "fake_slow", "--key", "N=128,256", "--workers", "2", "--trials", "5",
            "--results", str(tmp_path), "--no-progress", "--budget-s", budget_s]
     if storage:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import DEVICE, ON_GPU
+
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 pytest.importorskip("transformers", reason="the examples extra: pip install -e .[examples]")
 import spec_decode as sd  # noqa: E402

@@ -3,7 +3,9 @@ import importlib
 
 import pytest
 import torch
-from helpers import (
+
+import recipes
+from tests.helpers import (
     ON_GPU,
     assert_equal,
     bad,
@@ -12,8 +14,6 @@ from helpers import (
     int64_alias,
     sample_configs,
 )
-
-import recipes
 
 A = importlib.import_module("recipes.argmax")
 

@@ -3,7 +3,9 @@ import importlib
 
 import pytest
 import torch
-from helpers import (
+
+import recipes
+from tests.helpers import (
     ON_GPU,
     assert_equal,
     bad,
@@ -13,8 +15,6 @@ from helpers import (
     int64_alias,
     sample_configs,
 )
-
-import recipes
 
 CV = importlib.import_module("recipes.chain_verify")
 SMALL = {"BLOCK_V": 1024, "SPLIT": 4, "num_warps": 4, "num_stages": 1, "UNROLL": 2}

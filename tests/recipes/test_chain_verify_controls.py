@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal
 
 import recipes
+from tests.helpers import ON_GPU, assert_equal
 
 CV = importlib.import_module("recipes.chain_verify")
 CC = importlib.import_module("recipes._controls_core")

@@ -13,7 +13,9 @@ import types
 
 import pytest
 import torch
-from helpers import (
+
+from recipes.compat.vllm import mrv2, v1
+from tests.helpers import (
     CountingKernel,
     assert_equal,
     bad,
@@ -21,8 +23,6 @@ from helpers import (
     hard_logits,
     sample_configs,
 )
-
-from recipes.compat.vllm import mrv2, v1
 
 RG = importlib.import_module("recipes.compat.vllm._ragged")
 SMALL = {"BLOCK_V": 1024, "SPLIT": 2, "num_warps": 4, "num_stages": 1, "UNROLL": 1,

@@ -2,7 +2,7 @@
 outputs bit for bit (NaN-free logits), the same batches through both functions.
 
 vLLM's kernels need CUDA; without an importable vLLM or without a GPU every test here is
-skipped, and the skip reason says which. `python -m pytest tests/test_compat_vllm_parity.py`
+skipped, and the skip reason says which. `python -m pytest tests/recipes/test_compat_vllm_parity.py`
 on a machine with both runs them.
 """
 import importlib.util
@@ -10,13 +10,13 @@ import types
 
 import pytest
 import torch
-from test_compat_vllm import mrv2_batch, v1_batch
 
 from recipes.compat.vllm import mrv2, v1
+from tests.recipes.test_compat_vllm import mrv2_batch, v1_batch
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed: parity with vLLM's own rejection samplers is not "
-                "checked here (tests/test_compat_vllm.py checks a torch model of them)",
+                "checked here (tests/recipes/test_compat_vllm.py checks a torch model of them)",
                 allow_module_level=True)
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: vLLM's rejection samplers run only on the GPU",

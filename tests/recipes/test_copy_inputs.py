@@ -4,7 +4,9 @@ import importlib
 
 import pytest
 import torch
-from helpers import (
+
+import recipes
+from tests.helpers import (
     ON_GPU,
     CountingKernel,
     assert_equal,
@@ -13,8 +15,6 @@ from helpers import (
     capture,
     sample_configs,
 )
-
-import recipes
 
 CI = importlib.import_module("recipes.copy_inputs")
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")

@@ -11,10 +11,10 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, bad, bad_inputs_test
 
 import recipes
 from recipes import ops
+from tests.helpers import ON_GPU, assert_equal, bad, bad_inputs_test
 
 BACKEND = "inductor" if ON_GPU else "aot_eager"
 

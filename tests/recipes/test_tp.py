@@ -1,7 +1,7 @@
 """recipes.tp: vocabulary-parallel argmax and chain_verify, bit for bit the single-device
 calls on the full logits.
 
-Process groups: `tests/tp_worker.py` ranks (gloo, the kernels under the interpreter on
+Process groups: `tests/recipes/tp_worker.py` ranks (gloo, the kernels under the interpreter on
 the CPU; also nccl on CUDA when there are GPUs enough) check every scenario themselves
 on every rank. In this process: the per-rank pieces with the split simulated (shards'
 keys max-combined, as the all-reduce does), one rank without a process group, errors.
@@ -15,11 +15,11 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import ON_GPU, assert_equal, hard_logits
 
 import recipes
 from recipes import _common as C
 from recipes import tp
+from tests.helpers import ON_GPU, assert_equal, hard_logits
 
 CV = importlib.import_module("recipes.chain_verify")
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_worker.py")

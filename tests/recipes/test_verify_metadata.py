@@ -5,10 +5,10 @@ import importlib
 
 import pytest
 import torch
-from helpers import ON_GPU, assert_equal, bad, bad_inputs_test, capture, sample_configs
 
 import recipes
 from recipes import VerifyMetadata
+from tests.helpers import ON_GPU, assert_equal, bad, bad_inputs_test, capture, sample_configs
 
 VM = importlib.import_module("recipes.verify_metadata")
 

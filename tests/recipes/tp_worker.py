@@ -1,6 +1,6 @@
-"""One rank of the recipes.tp multi-process tests (tests/test_tp.py starts them).
+"""One rank of the recipes.tp multi-process tests (tests/recipes/test_tp.py starts them).
 
-    python tests/tp_worker.py RANK WORLD STORE_PORT DEVICE SCENARIOS
+    python tests/recipes/tp_worker.py RANK WORLD STORE_PORT DEVICE SCENARIOS
     (DEVICE: cpu or cuda; SCENARIOS: comma-separated names of `SCENARIOS`)
 
 Joins a process group (gloo on the CPU under the Triton interpreter, nccl on CUDA)
@@ -17,16 +17,16 @@ import time
 DEVICE = sys.argv[4] if len(sys.argv) > 4 else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"     # before recipes is imported
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from helpers import capture  # noqa: E402
 
 import recipes  # noqa: E402
 import recipes.chain_verify as CV  # noqa: E402
 from recipes import tp  # noqa: E402
 from recipes.chain_verify import target_tokens  # noqa: E402
+from tests.helpers import capture  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 SMALL = {"BLOCK_V": 1024, "SPLIT": 2, "num_warps": 4, "UNROLL": 2}

@@ -57,11 +57,11 @@ Where ours differs from vLLM:
 * `top_k`/`top_p`/`min_p` (per state, with `apply_temperature=True`) would need
   chain_verify's sampling controls: NotImplementedError naming them.
 
-Checked: tests/test_compat_vllm.py against a plain-torch statement of vLLM's kernels
+Checked: tests/recipes/test_compat_vllm.py against a plain-torch statement of vLLM's kernels
 (greedy bit for bit on NaN-free rows: ragged batches, 0-draft requests, -1 and
 out-of-vocabulary drafts, out=, B = 0/1/odd, int32/int64), one launch counted, and the
 sampled rows' statistics (chi-square over seeds);
-tests/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
+tests/recipes/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
 """
 from __future__ import annotations
 
