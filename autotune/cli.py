@@ -193,7 +193,7 @@ def _run_measuring(a, argv: list[str]) -> int:
 
     try:
         if a.cmd == "tune":
-            from .tune.run import tune
+            from .tune.main import tune
             from .views import show_text
 
             summary = tune(_options(a))

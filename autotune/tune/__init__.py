@@ -15,8 +15,11 @@ The pipeline, module by module:
   store     the durable study store a later run resumes from
   write     each key's entry (the heuristic's config unless beaten beyond the noise), the
             no_slower_at lists dispatch lends configs by, the tables and the report
-  workers   one process per GPU (`--workers N`)
-  run       the run itself (`tune`) and one key's measurement loop (`Session.measure`)
+  run       a tune's start (device, options, plan), one key's measurement loop
+            (`Session.measure`), the tables and report as keys finish (`Run`), and the
+            whole run in one process
+  workers   the whole run in one process per GPU (`--workers N`)
+  main      `tune`: the start, then the run in this process or in the workers
   phases    the time of each phase, for the report
 
 Importing this package imports nothing else: `device.select_device()` must switch the
@@ -26,7 +29,7 @@ Triton interpreter on before anything imports the recipes.
 
 def __getattr__(name):
     if name == "tune":
-        from .run import tune
+        from .main import tune
         return tune
     if name == "Options":
         from .options import Options

@@ -1,5 +1,7 @@
-"""`tune(opts)`: the whole run, one process on one device (`--workers` hands the keys to
-`autotune.tune.workers`). See the package docstring for the pipeline."""
+"""A tune's pieces: its start (`start`: device, options, plan), one device's measuring
+(`Session`), its tables and report (`Run`), and the run in this one process
+(`tune_here`); `main.tune` starts it here or in `workers`. See the package docstring for
+the pipeline."""
 from __future__ import annotations
 
 import math
@@ -7,6 +9,8 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -379,10 +383,21 @@ class Run:
         return str(path)
 
 
-def tune(opts: Options) -> dict:
-    """Run a tune; returns {"slug", "tables": {recipe: path}, "keys", "elapsed_s",
-    "report", "interpreter"}. KeyboardInterrupt: the store is flushed, the report says
-    so, and the exception goes on (the command line says how to resume)."""
+class Start(NamedTuple):
+    """A tune before it measures (`start`): the device, the resolved options, the plan."""
+    opts: Options
+    device: torch.device
+    slug: str
+    out_dir: Path
+    tunables: list
+    jobs: list[Job]
+    phases: Phases
+    fresh: bool
+
+
+def start(opts: Options) -> Start:
+    """Pick the device (the interpreter without a GPU), resolve the options, plan every
+    job and give it the config of the table it will rewrite."""
     device = select_device()
     opts = resolve(opts, device)
     phases = Phases()
@@ -396,9 +411,12 @@ def tune(opts: Options) -> dict:
         fresh = not had_tables(out_dir, slug)
         jobs = plan(opts, slug, device, tunables)
         attach_previous(jobs, out_dir, slug, device, opts.seed)
-    if opts.workers > 1:
-        from .workers import tune_workers
-        return tune_workers(opts, device, slug, out_dir, jobs, phases, fresh)
+    return Start(opts, device, slug, out_dir, tunables, jobs, phases, fresh)
+
+
+def tune_here(opts: Options, device: torch.device, slug: str, out_dir: Path, tunables: list,
+              jobs: list[Job], phases: Phases, fresh: bool) -> dict:
+    """The started tune (`Start`'s fields) measured in this process: see `main.tune`."""
     progress = Progress(0, opts.progress)
     run = Run(opts, device, slug, out_dir, jobs, phases, fresh)
     session = run.session = Session(opts, device, slug, phases, progress)

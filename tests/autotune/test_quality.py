@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autotune.timing import Timing
+from autotune.tune.main import tune
 from autotune.tune.options import Options
-from autotune.tune.run import tune
 from autotune.tune.search import Result, config_id
 from tests.autotune.autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 from tests.autotune.test_tune import KEY, _opts, _report

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from autotune.timing import Timing
+from autotune.tune.main import tune
 from autotune.tune.options import Options
-from autotune.tune.run import tune
 from autotune.tune.search import EVALUATED, Result, config_id, info
 from autotune.tune.store import JOURNAL, Store
 from recipes import tables as dispatch

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from autotune.tune.main import tune
 from autotune.tune.options import Options
-from autotune.tune.run import tune
 from autotune.tune.search import info
 from autotune.tune.store import JOURNAL, StoreError
 from recipes import _common
