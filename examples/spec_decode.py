@@ -614,6 +614,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny model, even on a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="report path (--bench; the .json goes beside it)")
+    p.add_argument("--mix", choices=("mixed", "greedy"), default="mixed",
+                   help="requests of the bench: mixed (every other one samples at T=0.7 "
+                        "with top_k=20, top_p=0.95) or all greedy (--bench)")
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "examples/spec_decode.py",
                                *(sys.argv[1:] if argv is None else argv)])
