@@ -685,7 +685,7 @@ def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert cli.main(["bench", "--preset", "smoke"]) == 2
-    assert "autotune/bench.py" in capsys.readouterr().err
+    assert "autotune/bench/" in capsys.readouterr().err
 
 
 class _FakePool:
