@@ -10,11 +10,16 @@ import time
 import optuna
 import pytest
 import torch
-from autotune_util import PY, REPO, fake_fixture, subprocess_env  # noqa: F401
+from autotune_util import (  # noqa: F401
+    PY,
+    REPO,
+    fake_fixture,
+    subprocess_env,
+    tune_options,
+)
 
 from autotune import cli
 from autotune.tune import store as S
-from autotune.tune.options import Options
 from autotune.tune.run import tune
 from autotune.tune.search import info
 from autotune.tune.store import JOURNAL, OWNER, Store, StoreError
@@ -25,12 +30,7 @@ CLI = ["tune", "--package", "fake_tunables", "--recipe", "fake_scale", "--no-pro
        "--budget-s", "0"]
 
 
-def _opts(tmp_path, **kw):
-    base = dict(recipes=["fake_scale"], package="fake_tunables", preset="smoke",
-                results=str(tmp_path), progress=False, budget_s=0, seed=0,
-                compile_workers=0)
-    base.update(kw)
-    return Options(**base)
+_opts = tune_options
 
 
 def _config_ids(root) -> list[str]:
