@@ -458,8 +458,8 @@ def tune(opts: Options) -> dict:
         if session.pool is not None:
             progress.write(f"autotune: {sum(len(j.grid) for j in jobs)} configs over "
                            f"{len(jobs)} keys run {session.pool.stats.probed} distinct "
-                           f"binaries; coverage {f:.0%} of every grid planned ({planned} "
-                           "configs)")
+                           f"binaries; the budget plans {f:.0%} of every grid ({planned} "
+                           "configs; a --trials cap may take fewer)")
         _run_jobs(run, jobs, progress)
     except KeyboardInterrupt:
         session.close()
@@ -543,7 +543,7 @@ def top_up(session: Session, cov: Coverage, jobs: list[Job], finished: set, meas
         end = cov.end - RESERVE_S - model.per_key() if cov.end is not None else None
         if end is not None and cov.clock() + model.per_config_host() >= end:
             progress.write(f"autotune: top-up stopped by the budget; {len(owed)} keys "
-                           "below the final coverage")
+                           "below the fraction of their grid planned last")
             return
         progress.total(progress.done() + n - held)
         measure_key(j, n, deadline=end)
