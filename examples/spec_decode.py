@@ -106,7 +106,12 @@ def hf_model(size, dtype=torch.float32, device="cpu", seed=0, layers=None, arch=
     The output projections of its layers past the draft's are scaled by deep_scale: with
     random weights every layer adds about as much to the residual stream as the first,
     and a draft made of the first layer alone would almost never be accepted."""
-    import transformers  # the examples extra; imported here so that --help needs none
+    try:
+        import transformers  # the examples extra; imported here so that --help needs none
+    except ModuleNotFoundError:
+        raise SystemExit("examples/spec_decode.py: the models come from transformers, "
+                         "which is not installed: pip install 'spec-cookbook[examples]'"
+                         ) from None
 
     (vocab, hidden, n, heads, kv, inter, init), n_draft, scale = SIZES[size]
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

@@ -10,7 +10,13 @@ import time
 import optuna
 import pytest
 import torch
-from autotune_util import PY, REPO, fake_fixture, subprocess_env  # noqa: F401
+from autotune_util import (  # noqa: F401
+    PY,
+    REPO,
+    fake_fixture,
+    subprocess_env,
+    tune_options,
+)
 
 from autotune.timing import Timing
 from autotune.tune.options import Options
@@ -25,12 +31,7 @@ KEY = {"dtype": "float32", "N": 256}
 SLUG = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
 
 
-def _opts(tmp_path, **kw):
-    base = dict(recipes=["fake_scale"], package="fake_tunables", preset="smoke",
-                results=str(tmp_path), progress=False, budget_s=0, seed=0,
-                compile_workers=0)
-    base.update(kw)
-    return Options(**base)
+_opts = tune_options
 
 
 def _trials(tmp_path, recipe="fake_scale", slug=SLUG):
@@ -685,7 +686,7 @@ def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert cli.main(["bench", "--preset", "smoke"]) == 2
-    assert "autotune/bench.py" in capsys.readouterr().err
+    assert "autotune/bench/" in capsys.readouterr().err
 
 
 class _FakePool:
