@@ -48,7 +48,8 @@ test-gpu: $(SETUP)
 
 # The default key set on this GPU -> results/<gpu>/<recipe>.json and tune-report.json;
 # without a GPU, a labelled smoke tune under the Triton interpreter into
-# results/cpu-interpreter/. (e.g. TUNE_ARGS="--recipe argmax"; `python -m autotune tune -h`)
+# results/cpu-interpreter/. (e.g. TUNE_ARGS="--recipe argmax"; `python -m autotune tune -h`,
+# `... tune --list` for the recipes and keys; `spec-cookbook` is the same command installed)
 TUNE_ARGS ?=
 tune: $(SETUP)
 	$(PY) -m autotune tune $(TUNE_ARGS)
@@ -60,7 +61,7 @@ quality: $(SETUP)
 	$(PY) -m autotune quality $(QUALITY_ARGS)
 
 # Every recipe's benchmark on this GPU -> results/<gpu>/BENCH.md, plots, OVERHEAD.md
-# (e.g. BENCH_ARGS="--max-seconds 540"); without a GPU, a smoke functional check only.
+# (e.g. BENCH_ARGS="--budget-s 540"); without a GPU, a smoke functional check only.
 BENCH_ARGS ?=
 bench: $(SETUP)
 	$(PY) -m autotune bench $(BENCH_ARGS)

@@ -1,22 +1,49 @@
-"""`python -m autotune {tune,show,report,quality,bench}`.
+"""`spec-cookbook COMMAND` (the console script) or `python -m autotune COMMAND`.
 
   tune     measure the registered recipes' configs per key on this GPU; write
            results/<gpu>/<recipe>.json and results/<gpu>/tune-report.json
+           (`tune --list`: the recipes and keys it would tune, measuring nothing)
   show     print the last tune's report, which tables dispatch uses (and from where),
            and the tuned tables of this GPU (or --slug)
   report   write results/<gpu>/tuning.md: every table as markdown (and print it)
   quality  exhaustive optimum vs the tuner's search; writes results/<gpu>/tuner-quality.md
-  bench    the benchmark report (autotune.bench.main; arguments are passed through)
+  bench    the benchmark report (`bench -h` lists its options)
+  compare  two bench runs, config for config (`compare -h`)
+  targets  the issues' speed targets against a bench run (`targets -h`)
+
+One name per concept across commands: --recipe NAME (the recipes to tune; bench runs
+suites, named by `bench --list`: --suite NAME), --preset (full | smoke; bench also
+quick), --results DIR (the results root: each GPU writes DIR/<gpu>/), --budget-s S (the
+time budget in seconds), --out PATH (where the command's own report goes). Earlier
+spellings still work: tune --preset gpu (= full), bench --max-seconds (= --budget-s).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 
 PROCESS_T0 = time.monotonic()      # the tune report's wall time counts from here
+PROG = "python -m autotune"
+
+# modules of the optional extras -> the extra that installs them
+EXTRAS = {"optuna": "tune", "tabulate": "tune", "tqdm": "tune", "matplotlib": "tune",
+          "sqlalchemy": "tune", "transformers": "examples"}
+PASSED_ON = ("bench", "compare", "targets")     # subcommands that parse their own options
+
+
+def version() -> str:
+    """`recipes.__version__`, read from the package's source without importing it (an
+    import would settle compiled vs interpreted kernels before the device is chosen)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("recipes")
+    text = Path(spec.origin).read_text() if spec and spec.origin else ""
+    m = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.M)
+    return m.group(1) if m else "unknown"
 
 
 def _csv(values) -> list[str]:
@@ -26,12 +53,21 @@ def _csv(values) -> list[str]:
     return out
 
 
+def _preset(value: str) -> str:
+    """--preset of tune and quality: `full` (the recipes' default GPU keys, which the
+    recipes call "gpu") or `smoke`; `gpu` is the earlier spelling of `full`."""
+    v = {"full": "gpu", "gpu": "gpu", "smoke": "smoke"}.get(value)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"expected full or smoke, got {value!r}")
+    return v
+
+
 def _add_common(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--recipe", action="append", metavar="NAME",
                    help="recipe(s) to work on (repeat or comma-separate; default: all "
                         "registered but those tuned on request, which the run names)")
-    p.add_argument("--preset", choices=("gpu", "smoke"),
-                   help="key set of the recipes (default: gpu on CUDA, smoke on CPU)")
+    p.add_argument("--preset", type=_preset, metavar="{full,smoke}",
+                   help="key set of the recipes (default: full on CUDA, smoke on CPU)")
     p.add_argument("--storage", metavar="URL|FILE",
                    help="Optuna study store: a SQLAlchemy URL (e.g. "
                         "postgresql+psycopg2://user@host/db) or a journal file (default: "
@@ -45,7 +81,9 @@ def _add_common(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--compile-workers", type=int, metavar="N",
                    help="processes compiling Triton binaries ahead on a GPU host (default: "
                         "the cores less one; 0: compile in the measuring process)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar on a terminal, else a plain line "
+                        "every 30 s)")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="report every pruned (failed to compile / out of resources) config")
 
@@ -92,9 +130,10 @@ def _options(a):
         final_reps=getattr(a, "final_reps", None), verbose=a.verbose, started=PROCESS_T0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m autotune", description=__doc__,
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"spec-cookbook {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tune", help="tune the recipes on this GPU (or a CPU smoke tune)")
@@ -104,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "of its grid, the largest the costs measured so far say fits (planned "
                    "again as keys finish); at least the heuristic's config")
     _add_keys(t)
+    t.add_argument("--list", action="store_true",
+                   help="print the recipes and keys this command would tune (each key's "
+                        "grid size) and exit without measuring")
     t.add_argument("--trials", type=int, metavar="N",
                    help="at most N configs a key (default: as the budget allows; 3 on CPU)")
     t.add_argument("--exhaustive", action="store_true",
@@ -123,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--slug", help="GPU folder under results/ (default: this machine's)")
         s.add_argument("--recipe", action="append", metavar="NAME")
-        s.add_argument("--results", metavar="DIR")
+        s.add_argument("--results", metavar="DIR", help="results root (as tune's)")
         if name == "report":
             s.add_argument("--out", metavar="FILE", help="default results/<gpu>/tuning.md")
 
@@ -151,8 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", metavar="FILE",
                    help="default results/<gpu>/tuner-quality.md")
 
-    sub.add_parser("bench", help="benchmark report (arguments go to autotune.bench)",
-                   add_help=False)
+    for name, hlp in (("bench", "benchmark report (its options: bench -h)"),
+                      ("compare", "two bench runs config for config (compare -h)"),
+                      ("targets", "the speed targets against a bench run (targets -h)")):
+        sub.add_parser(name, help=hlp, add_help=False)
     return ap
 
 
@@ -166,28 +210,65 @@ def _root(a) -> Path:
     return Path(a.results) if a.results else results_root()
 
 
-def cmd_bench(argv: list[str]) -> int:
-    try:
-        from . import bench
-    except ImportError as exc:
-        print(f"autotune bench: the benchmark module autotune/bench.py is not available "
-              f"({exc})", file=sys.stderr)
-        return 2
-    return int(bench.main(argv) or 0)
+def _passed_on(cmd: str, argv: list[str]) -> int:
+    """bench / compare / targets: their own command lines, given the rest of argv."""
+    if cmd == "bench":
+        from .tune.device import warn_untested_triton
+        warn_untested_triton()
+        try:
+            from . import bench
+        except ImportError as exc:
+            if isinstance(exc, ModuleNotFoundError) and _missing_extra(exc):
+                raise
+            print(f"autotune bench: the benchmark package autotune/bench/ cannot be "
+                  f"imported ({exc})", file=sys.stderr)
+            return 2
+        main = bench.main
+    elif cmd == "compare":
+        from .bench.compare import main
+    else:
+        from .targets import main
+    return int(main(argv) or 0)
 
 
-def _resume_hint(argv: list[str]) -> str:
-    cmd = "python -m autotune " + " ".join(shlex.quote(x) for x in argv)
+def _resume_hint(prog: str, argv: list[str]) -> str:
+    cmd = prog + " " + " ".join(shlex.quote(x) for x in argv)
     return (f"autotune: stopped by Ctrl-C. To resume, run the same command again ({cmd}): "
             "the configs measured so far are in the study store and are not measured "
             "again; the keys finished are already in their tables.")
 
 
+def _list(opts) -> int:
+    """`tune --list`: the plan (recipes, keys, grid sizes) and nothing measured."""
+    from .registry import key_str
+    from .tune.device import select_device
+    from .tune.options import resolve
+    from .tune.plan import plan, select_tunables
+
+    device = select_device()
+    opts = resolve(opts, device)
+    from recipes.tables import gpu_slug
+
+    tunables = select_tunables(opts)
+    jobs = plan(opts, gpu_slug(device), device, tunables)
+    for t in tunables:
+        mine = [j for j in jobs if j.tunable is t]
+        print(f"{t.name}: {len(mine)} keys (preset "
+              f"{'full' if opts.preset == 'gpu' else opts.preset})")
+        for j in mine:
+            print(f"  {key_str(j.key)}: grid {len(j.grid)} configs")
+    print(f"{len(jobs)} keys over {len(tunables)} recipes")
+    return 0
+
+
 def _run_measuring(a, argv: list[str]) -> int:
     """tune / quality: pick the device (the interpreter is switched on before any recipe
     is imported), run, and turn the known failures into a message and an exit code."""
-    from .tune.device import select_device
+    from .tune.device import select_device, warn_untested_triton
     select_device()
+    if a.cmd == "tune" and a.list:
+        return _list(_options(a))
+    warn_untested_triton()
     from .tune.measure import TunerFatal
     from .tune.store import StoreError
 
@@ -204,11 +285,8 @@ def _run_measuring(a, argv: list[str]) -> int:
         from .quality import quality
         quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within, frac=a.frac,
                 min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
-                out=a.out, command=shlex.join(["python", "-m", "autotune", *argv]))
+                out=a.out, command=shlex.join([*a.prog.split(), *argv]))
         return 0
-    except KeyboardInterrupt:
-        print(_resume_hint(argv), file=sys.stderr)
-        return 130
     except StoreError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -217,26 +295,60 @@ def _run_measuring(a, argv: list[str]) -> int:
         return 3
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        return cmd_bench(argv[1:])
-    a = build_parser().parse_args(argv)
-    if a.cmd in ("tune", "quality"):
-        return _run_measuring(a, argv)
-    if a.cmd in ("show", "report"):
-        from .views import report_markdown, show_text
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return (f"autotune: this command needs {top}, which is not installed: "
+            f"pip install 'spec-cookbook[{extra}]'")
 
-        root, slug = _root(a), _slug(a)
-        recipes = _csv(a.recipe) or None
-        if a.cmd == "show":
-            print(show_text(root, slug, recipes, dispatch=True))
-            return 0
-        from .tables import write_text_atomic
-        text = report_markdown(root, slug, recipes)
-        out = Path(a.out) if a.out else root / slug / "tuning.md"
-        write_text_atomic(out, text)
-        print(text)
-        print(f"autotune report: wrote {out}", file=sys.stderr)
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[0] if argv else None
+    try:
+        if cmd in PASSED_ON:
+            return _passed_on(cmd, argv[1:])
+        a = build_parser(prog).parse_args(argv)
+        a.prog = prog
+        if a.cmd in ("tune", "quality"):
+            return _run_measuring(a, argv)
+        if a.cmd in ("show", "report"):
+            return _views(a)
+        return 2
+    except KeyboardInterrupt:
+        # the same words whether start-up (imports, planning, the store) or measuring
+        # was interrupted
+        msg = _resume_hint(prog, argv) if cmd in ("tune", "quality") else \
+            "autotune: stopped by Ctrl-C."
+        print(msg, file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as exc:
+        msg = _missing_extra(exc)
+        if msg is None:
+            raise
+        print(msg, file=sys.stderr)
+        return 2
+
+
+def _views(a) -> int:
+    from .views import report_markdown, show_text
+
+    root, slug = _root(a), _slug(a)
+    recipes = _csv(a.recipe) or None
+    if a.cmd == "show":
+        print(show_text(root, slug, recipes, dispatch=True))
         return 0
-    return 2
+    from .tables import write_text_atomic
+    text = report_markdown(root, slug, recipes)
+    out = Path(a.out) if a.out else root / slug / "tuning.md"
+    write_text_atomic(out, text)
+    print(text)
+    print(f"autotune report: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def script() -> int:
+    """The `spec-cookbook` console script."""
+    return main(prog="spec-cookbook")

@@ -90,7 +90,7 @@ def tune_report_text(root, slug: str) -> list[str]:
         return [f"{path}: unreadable ({type(exc).__name__}: {exc})"]
     keys = r.get("keys") or []
     cut = [k for k in keys if k.get("measured", 0) < k.get("admitted", 0)]
-    frac = [k["measured"] / k["admitted"] for k in keys if k.get("admitted")]
+    frac = coverage(keys)
     state = "complete" if r.get("complete") else (
         "interrupted" if r.get("interrupted") else "incomplete")
     out = [f"== tune report ({path}) ==",
@@ -98,7 +98,7 @@ def tune_report_text(root, slug: str) -> list[str]:
            + (" (fresh: no earlier table)" if r.get("fresh") else "")
            + f", budget {r.get('budget_s')} s; {len(keys)} of {r.get('keys_planned')} keys, "
            f"{r.get('configs_measured')} configs measured"
-           + (f"; coverage {_range(frac)} of each grid" if frac else "")
+           + (f"; {coverage_text(keys)}" if frac else "")
            + (f" ({len(cut)} keys not measured in full, {sum(f >= 0.5 for f in frac)} "
               "at half or more)" if cut else "")]
     ph = r.get("phases") or {}
@@ -129,6 +129,20 @@ def tune_report_text(root, slug: str) -> list[str]:
         out.append("   compiled in the measuring process: " + ", ".join(
             f"{k} {n}" for k, n in compiled.items()))
     return out
+
+
+def coverage(keys: list[dict]) -> list[float]:
+    """Per key of a tune report (`keys` rows), the configs measured (in this run or read
+    from the store) over the configs its grid admits."""
+    return [k["measured"] / k["admitted"] for k in keys if k.get("admitted")]
+
+
+def coverage_text(keys: list[dict]) -> str | None:
+    """The coverage figure of a tune, the one its last line and `show` print: the range
+    over its keys of `coverage` (not the planned fraction, which a --trials cap or a
+    budget cut leaves unmet)."""
+    frac = coverage(keys)
+    return f"coverage {_range(frac)} of each grid" if frac else None
 
 
 def _range(xs) -> str:

@@ -92,9 +92,26 @@ def gpu_times(fns, replays, device):
     return out
 
 
-def profile_step(dec: SpecDecoder, B: int, replays: int) -> dict:
+def request_mix(n: int, mix: str) -> dict:
+    """The sampling parameters of requests 0..n-1 as `SpecDecoder.generate` takes them:
+    "greedy": none; "mixed": every other request (the odd ones) samples at T=0.7 with
+    top_k=20 and top_p=0.95 (a chat default), each with its own seed."""
+    if mix == "greedy":
+        return {}
+    odd = [i % 2 == 1 for i in range(n)]
+    return dict(temperature=[0.7 if o else 0.0 for o in odd], seeds=[1000 + i for i in range(n)],
+                top_k=[20 if o else 0 for o in odd], top_p=[0.95 if o else 1.0 for o in odd])
+
+
+def mix_text(mix: str) -> str:
+    return ("greedy requests" if mix == "greedy" else
+            "greedy and sampled requests in one batch (every other request samples at "
+            "T=0.7 with top_k=20, top_p=0.95)")
+
+
+def profile_step(dec: SpecDecoder, B: int, replays: int, sampled: bool = False) -> dict:
     """The step graph's busy and kernel time, and each piece's kernel time a step."""
-    st = dec.batch(B, False)
+    st = dec.batch(B, sampled)
     busy, total = gpu_time(st.graph.replay, replays, dec.device)
     graphs = [(p.name, capture(p.run, dec.device)) for p in st.pieces]
     per = {}
@@ -144,18 +161,22 @@ def run_bench(args, device) -> int:
     decs = {ops: SpecDecoder(target, draft, K, ops=ops, max_requests=max(batches),
                              max_len=max_len, page_size=16 if cuda else 4)
             for ops in ("recipes", "torch")}
+    mix = request_mix(max(batches), args.mix)
     rows, same = [], []
     for B in batches:
+        kw = {n: v[:B] for n, v in mix.items()}
+        greedy = [i for i in range(B) if not kw or kw["temperature"][i] <= 0]
         got = {ops: [] for ops in decs}
         for dec in decs.values():
-            dec.generate(prompts[:B], N)                 # warm-up (and the capture)
+            dec.generate(prompts[:B], N, **kw)           # warm-up (and the capture)
         for _ in range(runs):
             for ops, dec in decs.items():
-                got[ops].append(dec.generate(prompts[:B], N))
-        same.append((B, got["recipes"][0].tokens == got["torch"][0].tokens))
+                got[ops].append(dec.generate(prompts[:B], N, **kw))
+        a, b = (got[ops][0].tokens for ops in ("recipes", "torch"))
+        same.append((B, all(a[i] == b[i] for i in greedy), len(greedy)))
         for ops, dec in decs.items():
             gens = got[ops]
-            prof = profile_step(dec, B, replays) if cuda else None
+            prof = profile_step(dec, B, replays, bool(kw)) if cuda else None
             ms = [1e3 * g.seconds / g.steps for g in gens]
             row = dict(B=B, K=K, loop=ops, tokens_per_s=[B * N / g.seconds for g in gens],
                        ms_per_step=ms, steps=[g.steps for g in gens],
@@ -168,10 +189,10 @@ def run_bench(args, device) -> int:
                            commit_us=prof["pieces_us"]["commit"])
                 row["pieces_total_us"] = sum(row["pieces_us"].values())
             rows.append(row)
-    n_ref = min(4, max(batches))
-    want = target_generate(hf, prompts[:n_ref], N)
-    last = decs["recipes"].generate(prompts[:max(batches)], N).tokens
-    vs_hf = [last[i] == want[i] for i in range(n_ref)]
+    ref = [i for i in range(max(batches)) if not mix or mix["temperature"][i] <= 0][:4]
+    want = target_generate(hf, [prompts[i] for i in ref], N)
+    last = decs["recipes"].generate(prompts[:max(batches)], N, **mix).tokens
+    vs_hf = [last[i] == w for i, w in zip(ref, want, strict=True)]
     seconds = time.perf_counter() - t0
 
     meta = dict(_versions(device), command=args.command, seconds=round(seconds),
@@ -183,7 +204,8 @@ def run_bench(args, device) -> int:
                            draft_layers=draft.n_layers, dtype=str(dtype).replace("torch.", "")),
                 new_tokens=N, K=K, runs=runs, prompt_lengths=[min(lengths), max(lengths)],
                 check_every=decs["recipes"].check_every, replays=replays,
-                same_tokens={str(B): s for B, s in same}, vs_generate=vs_hf)
+                mix=mix_text(args.mix), same_tokens={str(B): s for B, s, _ in same},
+                greedy_requests={str(B): n for B, _, n in same}, vs_generate=vs_hf)
     out = Path(args.out) if args.out else _results_dir(device) / "spec-decode.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
@@ -191,7 +213,7 @@ def run_bench(args, device) -> int:
     out.write_text(text)
     print(text)
     print(f"wrote {out} and {out.with_suffix('.json').name}")
-    return 0 if all(s for _, s in same) else 1
+    return 0 if all(s for _, s, _ in same) else 1
 
 
 def _runs(xs, fmt):
@@ -210,8 +232,8 @@ def report(meta, rows) -> str:
           f"{m['heads']} heads / {m['kv_heads']} KV heads, MLP {m['intermediate']}, "
           f"V={m['vocab']}, {m['dtype']}; the draft: its first {m['draft_layers']} layer(s) "
           "with its embedding, norm and lm_head (the deeper layers' output projections "
-          "scaled down so that acceptance is partial). Paged KV cache, greedy requests, "
-          f"prompts of {meta['prompt_lengths'][0]}-{meta['prompt_lengths'][1]} tokens, "
+          "scaled down so that acceptance is partial). Paged KV cache, "
+          f"{meta.get('mix', 'greedy requests')}, prompts of {meta['prompt_lengths'][0]}-{meta['prompt_lengths'][1]} tokens, "
           f"{meta['new_tokens']} new tokens a request, K={meta['K']}. Each loop: "
           f"{meta['runs']} timed runs after a warm-up (the two values in a cell); the host "
           f"replays the step graph and reads the pool every {meta['check_every']} steps.",
@@ -258,13 +280,16 @@ def report(meta, rows) -> str:
                       f"{100 * b['pieces_total_us'] / b['kernel_us']:.1f}% of the step's "
                       "kernel time")
     md += ["", "## Lossless", ""]
+    greedy = meta.get("greedy_requests", {})
     md += [f"- B={B}: the recipes and torch loops emit "
            + ("the same tokens" if s else "DIFFERENT tokens")
+           + (f" on the {greedy[B]} greedy requests (sampled ones draw from other streams: "
+              "equal in distribution)" if B in greedy and int(greedy[B]) < int(B) else "")
            for B, s in meta["same_tokens"].items()]
     n = len(meta["vs_generate"])
     eq = sum(meta["vs_generate"])
     md.append(f"- against the Hugging Face model's own `generate` ({m['dtype']}, one prompt "
-              f"at a time), the recipes loop's first {n} requests: {eq} of {n} equal "
+              f"at a time), the recipes loop's first {n} greedy requests: {eq} of {n} equal "
               "(float32 is exact, `--check` and the tests; in bfloat16 a forward over K+1 "
               "positions may round a near tie the other way)")
     return "\n".join(md) + "\n"

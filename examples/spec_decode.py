@@ -106,7 +106,12 @@ def hf_model(size, dtype=torch.float32, device="cpu", seed=0, layers=None, arch=
     The output projections of its layers past the draft's are scaled by deep_scale: with
     random weights every layer adds about as much to the residual stream as the first,
     and a draft made of the first layer alone would almost never be accepted."""
-    import transformers  # the examples extra; imported here so that --help needs none
+    try:
+        import transformers  # the examples extra; imported here so that --help needs none
+    except ModuleNotFoundError:
+        raise SystemExit("examples/spec_decode.py: the models come from transformers, "
+                         "which is not installed: pip install 'spec-cookbook[examples]'"
+                         ) from None
 
     (vocab, hidden, n, heads, kv, inter, init), n_draft, scale = SIZES[size]
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -614,6 +619,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny model, even on a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="report path (--bench; the .json goes beside it)")
+    p.add_argument("--mix", choices=("mixed", "greedy"), default="mixed",
+                   help="requests of the bench: mixed (every other one samples at T=0.7 "
+                        "with top_k=20, top_p=0.95) or all greedy (--bench)")
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "examples/spec_decode.py",
                                *(sys.argv[1:] if argv is None else argv)])

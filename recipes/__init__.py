@@ -4,7 +4,7 @@ Every public function matches the plain-torch `reference` of its module bit for 
 docs/contract.md states the contract. CPU tensors run the same kernels under the Triton
 interpreter (set TRITON_INTERPRET=1 before importing).
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from . import (
            ops,  # noqa: F401,E402  (registers torch.ops.spec_cookbook.*, the custom ops)

@@ -164,7 +164,7 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
     """`recipes.draft_tail` as a custom op (writes `positions`/`draft_tokens` in place):
     a `DraftTail`, whose `hidden` is None when `hidden` is None. Without in-place
     arguments it calls a variant that declares no mutation (torch 2.11's Dynamo failed
-    on mutated optional arguments passed as None: results/h200/logs/). `column`
+    on mutated optional arguments passed as None). `column`
     (default None: the recipe's 0) is only for `draft_tokens`, as in the recipe."""
     if column is not None and draft_tokens is None:
         from .draft_tail import column_error

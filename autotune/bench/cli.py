@@ -4,11 +4,15 @@ A run measures the copy curve, then each chosen suite (`--suite`, default all), 
 `bench-<suite>.json` and `BENCH.json` as each suite finishes, so a run stopped by a
 time limit keeps the suites it finished, and a run over some suites keeps the others'
 results: a full run can be split over several calls (`--suite a,b` then `--suite c,d`;
-`--list` prints the suites and their case counts). `--max-seconds` shares a time cap
+`--list` prints the suites and their case counts). `--budget-s` shares a time cap
 over the suites. At the end it renders the pages (`report.render`) and, with
 `--readme`, the README block. `--render DIR` rebuilds the pages from the JSON without a
 GPU. Without a GPU a run is a functional check only: the smoke preset under the Triton
-interpreter, nothing written unless `--out` is given.
+interpreter, nothing written unless `--out` or `--results` is given.
+
+Option names are the tuner's where the concept is one (`autotune.cli`): --results DIR
+(the results root), --budget-s, --preset; `--max-seconds` is the earlier spelling of
+`--budget-s` and `--recipe` of `--suite` (suites are named by `--list`).
 """
 from __future__ import annotations
 
@@ -28,19 +32,25 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m autotune bench",
         description="Benchmark every recipe on this GPU and write results/<gpu>/BENCH.md.")
-    p.add_argument("--suite", "--recipe", dest="suite", action="append", default=[],
-                   metavar="NAME",
-                   help="only this benchmark suite (repeat or comma-separate; default: all)")
+    p.add_argument("--suite", dest="suite", action="append", default=[], metavar="NAME",
+                   help="only this benchmark suite (repeat or comma-separate; default: all; "
+                        "--list names them)")
+    p.add_argument("--recipe", dest="suite", action="append", help=argparse.SUPPRESS)
     p.add_argument("--list", action="store_true",
                    help="print the suites and their case counts for the preset, and exit")
     p.add_argument("--preset", choices=("full", "quick", "smoke"), default=None,
                    help="case set: full (default on a GPU), quick, smoke")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="results root, as the tuner's: the output folder is DIR/<gpu-slug> "
+                        "(default: the repository's results/)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder (default results/<gpu-slug>; without a GPU nothing "
-                        "is written unless --out is given)")
-    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help="the output folder itself (default <results>/<gpu-slug>; without a "
+                        "GPU nothing is written unless --out or --results is given)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
                    help="stop starting new cases after S seconds (the reports still get "
-                        "written; each suite gets a fair share)")
+                        "written; each suite gets a fair share; 0: none, as the tuner's)")
+    # the earlier spelling, whose 0 starts no case
+    p.add_argument("--max-seconds", type=float, help=argparse.SUPPRESS)
     p.add_argument("--reps", type=int, default=30, help="timed replays per measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True,
@@ -56,7 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _results_root() -> Path:
+def _cap(args) -> float | None:
+    """The time cap in seconds: --budget-s (0: none), else --max-seconds."""
+    if args.budget_s is not None:
+        return args.budget_s or None
+    return args.max_seconds
+
+
+def _results_root(args) -> Path:
+    if args.results:
+        return Path(args.results)
     from recipes.tables import results_root
 
     return results_root()
@@ -72,8 +91,8 @@ def _pick_suites(args):
     if wanted:
         unknown = [r for r in wanted if r not in suites]
         if unknown:
-            print(f"bench: unknown suite(s) {unknown}; registered: {sorted(suites)}",
-                  file=sys.stderr)
+            print(f"bench: --suite: unknown suite(s) {unknown}; expected one of "
+                  f"{sorted(suites)} (`bench --list`)", file=sys.stderr)
             return None
         suites = {n: suites[n] for n in wanted}
     return suites, wanted
@@ -129,7 +148,7 @@ def main(argv=None) -> int:
         preset = args.preset or "full"
         from recipes.tables import gpu_slug
 
-        out = Path(args.out) if args.out else _results_root() / gpu_slug(device)
+        out = Path(args.out) if args.out else _results_root(args) / gpu_slug(device)
         if preset != "full" and not args.out:     # never over the committed full results
             out = out / f"bench-{preset}"
     else:
@@ -137,9 +156,13 @@ def main(argv=None) -> int:
         print("bench: benchmarks need a GPU (none visible). Running the smoke preset under "
               "the Triton interpreter as a functional check: its times are host wall-clock "
               "times of the interpreter, not a benchmark"
-              + ("." if args.out else "; nothing is written (no --out)."))
+              + ("." if args.out or args.results else
+               "; nothing is written (no --out or --results)."))
         preset = "smoke"
-        out = Path(args.out) if args.out else None
+        from recipes.tables import gpu_slug
+
+        out = Path(args.out) if args.out else (
+            _results_root(args) / gpu_slug(device) / "bench-smoke" if args.results else None)
     command = "python -m autotune bench" + ("" if not argv else " " + " ".join(argv))
     started = time.perf_counter()
     header = run.run_header(device, preset, command)
@@ -181,14 +204,14 @@ def main(argv=None) -> int:
         if out is not None:
             write_json(out / "BENCH.json", header)
         results = run.run_suites(suites, preset, device, header, reps=args.reps,
-                                 seed=args.seed, max_seconds=args.max_seconds,
+                                 seed=args.seed, max_seconds=_cap(args),
                                  started=started, on_result=save)
         header["seconds"] = round(time.perf_counter() - started, 1)
         if out is not None:
             write_json(out / "BENCH.json", header)
         for res in results:
             print(f"bench: {res['suite']}: {len(res['cases'])} cases, {res['seconds']} s"
-                  + ("" if res["complete"] else " (cut by --max-seconds)"))
+                  + ("" if res["complete"] else " (cut by --budget-s)"))
     if out is not None:
         _render_all(out, args.readme, args.overhead_only)
     print(f"bench: total {time.perf_counter() - started:.1f} s")

@@ -192,8 +192,8 @@ class Measurer:
         are freed, so none lands where it was). On the H200 a small kernel's time can
         depend on where its inputs lie: draft_extend at B=1 Vd=151936 ran two configs
         0.1-0.4 us apart in either order, by input placement and from one capture to
-        the next (`results/h200/logs/probe-draft_extend-placement.log`), and a tune
-        took one that the benchmark then ran slower than the heuristic."""
+        the next (docs/performance.md, "Dispatch"), and a tune took one that the
+        benchmark then ran slower than the heuristic."""
         self.states = [clone(s) for s in self.states]
 
     def pace(self, us: float) -> None:

@@ -16,15 +16,16 @@ import torch
 
 from ..tables import previous_configs, table_path
 from ..timing import rotation
+from ..views import coverage_text
 from .budget import RESERVE_S, CostModel, Coverage, OrderBins, gpu_seconds
 from .compile import ConfigCosts, LoadWatch, probe, start_pool
-from .device import device_name, select_device
+from .device import device_name, select_device, warn_untested_triton
 from .measure import Measurer, tensors
 from .options import Options, resolve, results_dir
 from .phases import PHASES, Phases
 from .plan import Job, job_seed, plan, reorder, select_tunables
 from .search import KeySearch, config_id
-from .store import Store
+from .store import Store, check_folder
 from .write import (
     REPORT,
     finalize,
@@ -44,41 +45,68 @@ def worker_id(index: int | None = None) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool, desc: str = "tune"):
+    """Configs measured so far, on stderr: a tqdm bar when stderr is a terminal; else
+    (a log file, a pipe) a plain line at most every PLAIN_S seconds, since a bar's
+    carriage-return frames would fill a log. `enabled=False`: neither."""
+
+    PLAIN_S = 30.0
+
+    def __init__(self, total: int, enabled: bool, desc: str = "tune", stream=None):
         self.bar = None
+        self.stream = stream or sys.stderr
+        self.n, self.of, self.label = 0, total, desc
+        self.plain = False
+        self.said = time.monotonic()
         if enabled:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=total, desc=desc, unit="cfg", dynamic_ncols=True,
-                                file=sys.stderr)
-            except Exception:  # noqa: BLE001
-                self.bar = None
+            if _is_tty(self.stream):
+                try:
+                    from tqdm import tqdm
+                    self.bar = tqdm(total=total, desc=desc, unit="cfg", dynamic_ncols=True,
+                                    file=self.stream)
+                except ImportError:
+                    self.plain = True
+            else:
+                self.plain = True
 
     def write(self, msg: str) -> None:
         if self.bar is not None:
-            self.bar.write(msg, file=sys.stderr)
+            self.bar.write(msg, file=self.stream)
         else:
-            print(msg, file=sys.stderr, flush=True)
+            print(msg, file=self.stream, flush=True)
 
     def update(self, n: int = 1) -> None:
+        self.n += n
         if self.bar is not None:
             self.bar.update(n)
+        elif self.plain and time.monotonic() - self.said >= self.PLAIN_S:
+            self.said = time.monotonic()
+            self.write(f"autotune: {self.n}/{max(self.of, self.n)} configs measured "
+                       f"({self.label})")
 
     def done(self) -> int:
-        return self.bar.n if self.bar is not None else 0
+        return self.n
 
     def total(self, n: int) -> None:
+        self.of = max(self.n, n)
         if self.bar is not None:
-            self.bar.total = max(self.bar.n, n)
+            self.bar.total = self.of
             self.bar.refresh()
 
     def describe(self, text: str) -> None:
+        self.label = text[:60]
         if self.bar is not None:
-            self.bar.set_description_str(text[:60])
+            self.bar.set_description_str(self.label)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 class Session:
@@ -86,12 +114,15 @@ class Session:
     model, and one key's measurement loop (`measure`)."""
 
     def __init__(self, opts: Options, device: torch.device, slug: str, phases: Phases,
-                 progress: Progress, worker: str | None = None):
+                 progress: Progress, worker: str | None = None, claim: bool = True):
         self.opts, self.device, self.slug = opts, device, slug
         self.phases, self.progress = phases, progress
         self.cuda = device.type == "cuda"
         with phases("plan"):
-            self.store = Store(opts.storage, results_dir(opts), slug)
+            # `claim`: this process is the store's one tuner (`--workers`' processes
+            # share the claim of their parent)
+            self.store = Store(opts.storage, results_dir(opts), slug, claim=claim,
+                               say=progress.write)
         self.pool = start_pool(opts.compile_workers or 0, device, opts.package)
         self.watch = LoadWatch(self.pool)
         self.costs = ConfigCosts(phases, self.watch, self.pool)
@@ -111,6 +142,12 @@ class Session:
         with self.phases("plan"):
             for j in jobs:
                 self.done[j.study] = set(self.store.results(j.study))
+        held = [sum(config_id(c) in self.done[j.study] for c in j.grid) for j in jobs]
+        if sum(held):
+            self.progress.write(
+                f"autotune: resumed: {sum(held)} configs of {sum(h > 0 for h in held)} of "
+                f"the {len(jobs)} keys come from the store {self.store.where} (measured "
+                "by an earlier run, not measured again)")
         if self.pool is None:
             return
         keep = KEEP_INPUTS * torch.cuda.mem_get_info(self.device)[0] if self.cuda else 0
@@ -281,6 +318,7 @@ class Session:
         try:
             self.store.flush()
         finally:
+            self.store.release()
             if self.pool is not None:
                 self.pool.close()
 
@@ -399,6 +437,7 @@ def start(opts: Options) -> Start:
     """Pick the device (the interpreter without a GPU), resolve the options, plan every
     job and give it the config of the table it will rewrite."""
     device = select_device()
+    warn_untested_triton()
     opts = resolve(opts, device)
     phases = Phases()
     phases.add("startup", max(0.0, time.monotonic() - opts.started))
@@ -409,6 +448,7 @@ def start(opts: Options) -> Start:
         out_dir = results_dir(opts)
         tunables = select_tunables(opts)
         fresh = not had_tables(out_dir, slug)
+        check_folder(out_dir / slug, "tables folder", "--results DIR")
         jobs = plan(opts, slug, device, tunables)
         attach_previous(jobs, out_dir, slug, device, opts.seed)
     return Start(opts, device, slug, out_dir, tunables, jobs, phases, fresh)
@@ -436,8 +476,8 @@ def tune_here(opts: Options, device: torch.device, slug: str, out_dir: Path, tun
         if session.pool is not None:
             progress.write(f"autotune: {sum(len(j.grid) for j in jobs)} configs over "
                            f"{len(jobs)} keys run {session.pool.stats.probed} distinct "
-                           f"binaries; coverage {f:.0%} of every grid planned ({planned} "
-                           "configs)")
+                           f"binaries; the budget plans {f:.0%} of every grid ({planned} "
+                           "configs; a --trials cap may take fewer)")
         _run_jobs(run, jobs, progress)
     except KeyboardInterrupt:
         session.close()
@@ -455,17 +495,13 @@ def tune_here(opts: Options, device: torch.device, slug: str, out_dir: Path, tun
     progress.close()
     where = run.report(complete=True)
     elapsed = time.monotonic() - opts.started
+    cover = coverage_text(run.rows)
     progress.write(f"autotune: wrote {len(run.tables)} table(s) under {out_dir / slug} for "
-                   f"{len(jobs)} keys in {elapsed:.1f} s (coverage "
-                   f"{_coverage_range(cov)}); report {where}")
+                   f"{len(jobs)} keys in {elapsed:.1f} s"
+                   + (f" ({cover})" if cover else "") + f"; report {where}")
     return {"slug": slug, "device": device_name(device), "tables": run.tables,
             "keys": len(jobs), "elapsed_s": round(elapsed, 1), "report": where,
             "interpreter": device.type != "cuda"}
-
-
-def _coverage_range(cov: Coverage) -> str:
-    fs = sorted({f for _, f, _ in cov.history}) or [cov.fraction]
-    return f"{fs[0]:.0%}" if len(fs) == 1 else f"{fs[0]:.0%}-{fs[-1]:.0%}"
 
 
 def _run_jobs(run: Run, jobs: list[Job], progress: Progress) -> None:
@@ -525,7 +561,7 @@ def top_up(session: Session, cov: Coverage, jobs: list[Job], finished: set, meas
         end = cov.end - RESERVE_S - model.per_key() if cov.end is not None else None
         if end is not None and cov.clock() + model.per_config_host() >= end:
             progress.write(f"autotune: top-up stopped by the budget; {len(owed)} keys "
-                           "below the final coverage")
+                           "below the fraction of their grid planned last")
             return
         progress.total(progress.done() + n - held)
         measure_key(j, n, deadline=end)

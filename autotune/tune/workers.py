@@ -17,9 +17,13 @@ import torch
 def tune_workers(opts, device, slug, out_dir, jobs, phases, fresh: bool) -> dict:
     import multiprocessing as mp
 
+    from ..views import coverage_text
     from .run import Progress, Run
     from .store import Store
 
+    progress = Progress(0, False)
+    # the parent claims the store for its workers before they start
+    store = Store(opts.storage, out_dir, slug, claim=True, say=progress.write)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     n = opts.workers
@@ -27,9 +31,7 @@ def tune_workers(opts, device, slug, out_dir, jobs, phases, fresh: bool) -> dict
              for i in range(n)]
     for p in procs:
         p.start()
-    progress = Progress(0, False)
     run = Run(opts, device, slug, out_dir, jobs, phases, fresh)
-    store = Store(opts.storage, out_dir, slug)
     progress.write(f"autotune: {len(jobs)} keys over {n} workers; store {store.where}; "
                    f"budget {opts.budget_s or 'none'} s")
     extra: dict = {"workers": {}}
@@ -50,15 +52,20 @@ def tune_workers(opts, device, slug, out_dir, jobs, phases, fresh: bool) -> dict
     finally:
         for p in procs:
             p.join()
-        run.save()
+        try:
+            run.save()
+        finally:
+            store.release()
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         progress.write(f"autotune: {len(bad)} worker(s) exited with an error (codes {bad}); "
                        "the tables hold the keys they finished")
     where = run.report(complete=not bad, extra=extra)
     elapsed = time.monotonic() - opts.started
+    cover = coverage_text(run.rows)
     progress.write(f"autotune: wrote {len(run.tables)} table(s) under {out_dir / slug} for "
-                   f"{len(jobs)} keys in {elapsed:.1f} s; report {where}")
+                   f"{len(jobs)} keys in {elapsed:.1f} s"
+                   + (f" ({cover})" if cover else "") + f"; report {where}")
     return {"slug": slug, "tables": run.tables, "keys": len(jobs),
             "elapsed_s": round(elapsed, 1), "report": where,
             "interpreter": device.type != "cuda"}
@@ -90,7 +97,8 @@ def _worker_main(opts, index: int, n: int, q) -> None:
         lines: list = []
         progress = Progress(0, False)
         progress.write = lines.append
-        session = Session(opts, device, slug, phases, progress, worker_id(index))
+        session = Session(opts, device, slug, phases, progress, worker_id(index),
+                          claim=False)
         cov = Coverage(opts.budget_s, opts.started, session.model, cap=opts.trials,
                        exhaustive=opts.exhaustive)
         try:

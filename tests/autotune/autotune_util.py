@@ -36,6 +36,17 @@ def subprocess_env(**extra) -> dict:
 PY = sys.executable
 
 
+def tune_options(tmp_path, **kw):
+    """Options of a quick in-process tune of the fake `fake_scale` into `tmp_path`."""
+    from autotune.tune.options import Options
+
+    base = dict(recipes=["fake_scale"], package=FAKE, preset="smoke",
+                results=str(tmp_path), progress=False, budget_s=0, seed=0,
+                compile_workers=0)
+    base.update(kw)
+    return Options(**base)
+
+
 def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     """Run in a fresh process without the interpreter (`test_autotune_compile`): probe the
     `recipe`'s smoke key's first three configs (the SGLang adapter's: the three with the

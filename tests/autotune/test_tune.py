@@ -11,23 +11,17 @@ import torch
 
 from autotune.timing import Timing
 from autotune.tune.main import tune
-from autotune.tune.options import Options
 from autotune.tune.search import EVALUATED, Result, config_id, info
 from autotune.tune.store import JOURNAL, Store
 from recipes import tables as dispatch
-from tests.autotune.autotune_util import FAKE, fake_fixture  # noqa: F401  (the `fake` fixture)
+from tests.autotune.autotune_util import fake_fixture, tune_options  # noqa: F401
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 KEY = {"dtype": "float32", "N": 256}
 SLUG = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
 
 
-def _opts(tmp_path, **kw):
-    base = dict(recipes=["fake_scale"], package=FAKE, preset="smoke",
-                results=str(tmp_path), progress=False, budget_s=0, seed=0,
-                compile_workers=0)
-    base.update(kw)
-    return Options(**base)
+_opts = tune_options
 
 
 def _trials(tmp_path, recipe="fake_scale", slug=SLUG):

@@ -176,7 +176,7 @@ def test_bench_subcommand_reports_missing_module(monkeypatch, capsys):
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert cli.main(["bench", "--preset", "smoke"]) == 2
-    assert "autotune/bench.py" in capsys.readouterr().err
+    assert "autotune/bench/" in capsys.readouterr().err
 
 
 def test_show_prints_the_half_grid_count_and_a_configs_cost(tmp_path):

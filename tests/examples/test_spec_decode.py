@@ -124,5 +124,8 @@ def test_bench_smoke(tmp_path):
     assert rc == 0 and "the same tokens" in text and "transformers" in text
     assert "Made by `python examples/spec_decode.py --bench --tiny --batch 2" in text
     assert (tmp_path / "spec-decode.json").exists()
+    # the default mix: request 1 samples (T=0.7, top_k=20, top_p=0.95) beside greedy request 0
+    assert "greedy and sampled requests in one batch" in text
+    assert "the same tokens on the 1 greedy requests" in text
     if ON_GPU:
         assert "GPU busy" in text and "pieces' share" in text
