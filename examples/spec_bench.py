@@ -233,7 +233,8 @@ def report(meta, rows) -> str:
           f"V={m['vocab']}, {m['dtype']}; the draft: its first {m['draft_layers']} layer(s) "
           "with its embedding, norm and lm_head (the deeper layers' output projections "
           "scaled down so that acceptance is partial). Paged KV cache, "
-          f"{meta.get('mix', 'greedy requests')}, prompts of {meta['prompt_lengths'][0]}-{meta['prompt_lengths'][1]} tokens, "
+          f"{meta.get('mix', 'greedy requests')}, prompts of "
+          f"{meta['prompt_lengths'][0]}-{meta['prompt_lengths'][1]} tokens, "
           f"{meta['new_tokens']} new tokens a request, K={meta['K']}. Each loop: "
           f"{meta['runs']} timed runs after a warm-up (the two values in a cell); the host "
           f"replays the step graph and reads the pool every {meta['check_every']} steps.",
