@@ -188,15 +188,19 @@ def _run_measuring(a, argv: list[str]) -> int:
     is imported), run, and turn the known failures into a message and an exit code."""
     from .tune.device import select_device
     select_device()
+    from .provenance import command_line
     from .tune.measure import TunerFatal
     from .tune.store import StoreError
 
+    command = command_line("python -m autotune", argv)
     try:
         if a.cmd == "tune":
+            from dataclasses import replace
+
             from .tune.run import tune
             from .views import show_text
 
-            summary = tune(_options(a))
+            summary = tune(replace(_options(a), command=command))
             if summary["tables"]:
                 print(show_text(Path(a.results) if a.results else None, summary["slug"],
                                 list(summary["tables"])))
@@ -204,7 +208,7 @@ def _run_measuring(a, argv: list[str]) -> int:
         from .quality import quality
         quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within, frac=a.frac,
                 min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
-                out=a.out, command=shlex.join(["python", "-m", "autotune", *argv]))
+                out=a.out, command=command)
         return 0
     except KeyboardInterrupt:
         print(_resume_hint(argv), file=sys.stderr)
