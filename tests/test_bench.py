@@ -411,7 +411,7 @@ def test_targets_from_synthetic_results(tmp_path):
         {"recipe": "argmax", "key": {"R": 1}, "admitted": 96, "measured": 50},
         {"recipe": "relay", "key": {"B": 1}, "admitted": 40, "measured": 12}]})
     assert targets.main([str(root)]) == 0
-    rows = {r["id"]: r for r in results.read_json(root / "targets.json")}
+    rows = {r["id"]: r for r in targets.rows_of(results.read_json(root / "targets.json"))}
     assert set(rows) >= {"dropin.verify_b1", "dropin.verify_all", "dropin.draft_all",
                          "verify.greedy_b1", "verify.sampled_b1", "tune.wall",
                          "tune.coverage", "tune.quality", "tune.never_slower",
