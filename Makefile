@@ -74,7 +74,8 @@ example-bench: $(SETUP)
 	$(PY) examples/spec_decode.py --bench $(EXAMPLE_ARGS)
 
 # The issues' speed targets against a committed benchmark run -> $(RESULTS)/TARGETS.md
-# and $(RESULTS)/targets.json (id, target, measured, met; null with a reason if unknown)
+# and $(RESULTS)/targets.json (its header and inputs, then per target id, target, measured,
+# met; null with a reason if unknown)
 RESULTS ?= results/h200
 targets: $(SETUP)
 	$(PY) -m autotune.targets $(RESULTS) > $(RESULTS)/TARGETS.md.tmp && mv $(RESULTS)/TARGETS.md.tmp $(RESULTS)/TARGETS.md

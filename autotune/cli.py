@@ -269,15 +269,19 @@ def _run_measuring(a, argv: list[str]) -> int:
     if a.cmd == "tune" and a.list:
         return _list(_options(a))
     warn_untested_triton()
+    from .provenance import command_line
     from .tune.measure import TunerFatal
     from .tune.store import StoreError
 
+    command = command_line(a.prog, argv)
     try:
         if a.cmd == "tune":
+            from dataclasses import replace
+
             from .tune.main import tune
             from .views import show_text
 
-            summary = tune(_options(a))
+            summary = tune(replace(_options(a), command=command))
             if summary["tables"]:
                 print(show_text(Path(a.results) if a.results else None, summary["slug"],
                                 list(summary["tables"])))
@@ -285,7 +289,7 @@ def _run_measuring(a, argv: list[str]) -> int:
         from .quality import quality
         quality(_options(a), n_keys=a.keys, seeds=a.seeds, within=a.within, frac=a.frac,
                 min_grid=a.min_grid, max_grid=a.max_grid, measure=not a.no_measure,
-                out=a.out, command=shlex.join([*a.prog.split(), *argv]))
+                out=a.out, command=command)
         return 0
     except StoreError as exc:
         print(str(exc), file=sys.stderr)

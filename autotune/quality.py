@@ -32,7 +32,6 @@ optimum within the cut (re-timed).
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import statistics
@@ -40,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from .provenance import header, versions_text
 from .registry import key_str
 from .tables import device_info, versions, write_json_atomic, write_text_atomic
 from .tune.budget import GUESS
@@ -346,15 +346,15 @@ def _med(xs):
 def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, elapsed,
                   grids: tuple[int, int] = (30, 200), command: str | None = None) -> dict:
     info_d = device_info(device)
-    ver = versions()
+    head = header(device, command)
+    optuna = versions()["optuna"]
     pct = round(within * 100)
     lines = [f"# Tuner quality on {info_d['gpu']}", ""]
     if info_d["interpreter"]:
         lines += ["**INTERPRETER SMOKE RUN**: times are the Triton interpreter's wall clock "
                   "on a CPU; this checks the machinery, not the tuner's quality on a GPU.", ""]
     lines += [
-        f"Date {_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()}; "
-        f"torch {ver['torch']}, Triton {ver['triton']}, Optuna {ver['optuna']}; "
+        f"Date {head['date']}; {versions_text(head)}, Optuna {optuna}; "
         f"{len(rows)} complete keys ({len(incomplete)} incomplete, left out), chosen among "
         f"the default keys whose grid has {grids[0]}-{grids[1]} configs; {seeds} seeds "
         f"per key; budget {opts.budget_s or 'none'} s; {elapsed:.0f} s in all"
@@ -430,9 +430,9 @@ def render_report(rows, incomplete, device, slug, opts, seeds, within, frac, ela
         "Re-create: `python -m autotune quality` (resumes its exhaustive studies from the "
         "store, so a second run completes more keys).",
         ""]
-    js = {"gpu": info_d["gpu"], "slug": slug, "versions": ver, "seeds": seeds,
+    js = {**head, "optuna": optuna, "slug": slug, "seeds": seeds,
           "within": within, "frac": frac, "budget_s": opts.budget_s,
-          "grid_range": list(grids), "command": command,
+          "grid_range": list(grids),
           "keys": keys_json, "incomplete": incomplete, "passed": passed,
           "passed_single_measurements": single,
           "n_keys": n, "verdict": verdict}

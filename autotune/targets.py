@@ -2,9 +2,11 @@
 
     python -m autotune.targets results/h200 [copy_TBps]       (or `make targets`)
 
-prints TARGETS.md (a markdown table) and writes `<dir>/targets.json`: a list of
-{"id", "what", "target", "measured", "unit", "met", "detail"} (and "reason" where `met`
-is null: an input is missing or predates what the target needs). Inputs, all under
+prints TARGETS.md (a markdown table) and writes `<dir>/targets.json`: its header (the
+bench run's GPU and versions, this run's date and command: `autotune.provenance`),
+"inputs" (each input file's header) and "rows", one per target: {"id", "what", "target",
+"measured", "unit", "met", "detail"} (and "reason" where `met` is null: an input is
+missing or predates what the target needs). Inputs, all under
 `<dir>`: the bench files (`BENCH.json`, `bench-<suite>.json`), `tune-report.json` and
 `tuner-quality.json` where present, `spec-decode.json` (the example's decode loop),
 and `sglang-reference.json` (SGLang's times on this
@@ -15,6 +17,7 @@ the one the bench run measured, BENCH.json).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -28,8 +31,10 @@ from autotune.bench.results import (
     p50,
     primary_regime,
     read_json,
+    suite_header,
     write_json,
 )
+from autotune.provenance import FIELDS, command_line, line, now, of, relative
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DROPIN_FACTOR = 1.3        # the drop-in adapters: at most SGLang's time / 1.3
@@ -44,6 +49,7 @@ class Inputs:
 
     def __init__(self, root: Path, ceiling_Bps: float | None = None):
         self.root = Path(root)
+        self.shown = relative(root, Path.cwd())      # the folder as the reasons name it
         self.bench = read_json(self.root / "BENCH.json") or {}
         self._ceiling = ceiling_Bps
         self._suites: dict = {}
@@ -51,14 +57,14 @@ class Inputs:
     def ceiling(self) -> float:
         bw = self._ceiling or self.bench.get("copy_bandwidth_Bps")
         if not bw:
-            raise Missing(f"no copy bandwidth: {self.root}/BENCH.json missing")
+            raise Missing(f"no copy bandwidth: {self.shown}/BENCH.json missing")
         return bw
 
     def suite(self, name: str) -> dict:
         if name not in self._suites:
             res = read_json(self.root / f"bench-{name}.json")
             if res is None:
-                raise Missing(f"no {self.root}/bench-{name}.json")
+                raise Missing(f"no {self.shown}/bench-{name}.json")
             self._suites[name] = res
         return self._suites[name]
 
@@ -86,7 +92,7 @@ class Inputs:
     def file(self, name: str) -> dict:
         data = read_json(self.root / name)
         if data is None:
-            raise Missing(f"no {self.root}/{name}")
+            raise Missing(f"no {self.shown}/{name}")
         return data
 
 
@@ -385,7 +391,7 @@ def never_slower(inp):
         slower += [(suite, c, h) for c, h in pairs if ours_time(c) > 1.02 * h]
     if not seen:
         raise Missing("; ".join(missing) or "no case with a heuristic-config timing "
-                      f"(no bench-*.json in {inp.root}, or no tuned table)")
+                      f"(no bench-*.json in {inp.shown}, or no tuned table)")
     # the case's own noise: ours timed twice (the repeat is timed last)
     beyond = [(s, c, h) for s, c, h in slower
               if p50(c, REPEAT) is None
@@ -551,22 +557,54 @@ def compute(root: Path, ceiling_Bps: float | None = None) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict], root: Path, argv: list[str], inp_bench: dict,
-             ceiling_Bps: float | None) -> str:
-    b = inp_bench
-    cb = ceiling_Bps or b.get("copy_bandwidth_Bps")
+INPUTS = ("tune-report.json", "tuner-quality.json", "spec-decode.json",
+          "sglang-reference.json")
+
+
+def input_headers(root: Path) -> list[dict]:
+    """The header (`autotune.provenance`) of every input file present in `root`, each
+    with "files": BENCH.json, the bench's suite files grouped by the run that measured
+    them, then `INPUTS`."""
+    root = Path(root)
+    bench = read_json(root / "BENCH.json")
+    out = [{"files": ["BENCH.json"], **of(bench)}] if bench is not None else []
+    runs: dict = {}
+    for p in sorted(root.glob("bench-*.json")):
+        h = suite_header(read_json(p) or {}, bench or {})
+        runs.setdefault(json.dumps(h, sort_keys=True), {"files": [], **h})["files"].append(
+            p.name)
+    out += list(runs.values())
+    return out + [{"files": [name], **of(read_json(root / name))} for name in INPUTS
+                  if (root / name).is_file()]
+
+
+def report_header(root: Path, argv: list[str]) -> dict:
+    """targets.json's header: the GPU and versions of the bench run it reads (BENCH.json;
+    null without one), this run's date and command."""
+    bench = of(read_json(Path(root) / "BENCH.json"))
+    return {**{k: bench.get(k) for k in FIELDS if k not in ("date", "command")},
+            "date": now(), "command": command_line("python -m autotune.targets", argv)}
+
+
+def markdown(doc: dict, root: Path, inp_bench: dict, ceiling_Bps: float | None) -> str:
+    """TARGETS.md of targets.json's `doc` (its header, inputs and rows)."""
+    rows = doc["rows"]
+    shown = relative(root, Path.cwd())
+    cb = ceiling_Bps or inp_bench.get("copy_bandwidth_Bps")
     met = sum(1 for r in rows if r["met"] is True)
     unknown = sum(1 for r in rows if r["met"] is None)
-    lines = [f"# Speed targets: {b.get('gpu', root.name)}", "",
-             f"Made by `make targets` (`python -m autotune.targets {' '.join(argv)}`; the "
-             f"same rows as JSON in `{root}/targets.json`).", "",
-             f"Targets of the issues against `{root}/` (bench: {b.get('gpu', '?')}, torch "
-             f"{b.get('torch', '?')}, triton {b.get('triton', '?')}, {b.get('date', '?')})"
-             + (f"; bandwidth fractions against a copy ceiling of {cb / 1e12:.3f} TB/s"
-                if cb else "")
-             + ". Times: each call behind a plain kernel in a CUDA graph (the bench's "
-             f"primary timing). {met} of {len(rows)} met, {unknown} not evaluated.", "",
-             "| id | what | target | measured | met |", "|---|---|---|---|---|"]
+    lines = [f"# Speed targets: {doc.get('gpu') or Path(root).name}", "",
+             f"{line(doc)} (`make targets` runs it). The GPU and versions are the bench "
+             f"run's; the same rows as JSON in `{shown}/targets.json`.", "",
+             f"Inputs, under `{shown}/`:", ""]
+    lines += [f"- {', '.join(f'`{f}`' for f in h['files'])}: {line(h)}"
+              for h in doc.get("inputs") or []]
+    lines += ["", "Targets of the issues against these files"
+              + (f"; bandwidth fractions against a copy ceiling of {cb / 1e12:.3f} TB/s"
+                 if cb else "")
+              + ". Times: each call behind a plain kernel in a CUDA graph (the bench's "
+              f"primary timing). {met} of {len(rows)} met, {unknown} not evaluated.", "",
+              "| id | what | target | measured | met |", "|---|---|---|---|---|"]
     for r in rows:
         m = "" if r["measured"] is None else f"{r['measured']:g} {r['unit']}"
         note = r.get("detail") if r["met"] is not None else r.get("reason")
@@ -577,6 +615,12 @@ def markdown(rows: list[dict], root: Path, argv: list[str], inp_bench: dict,
     return "\n".join(lines) + "\n"
 
 
+def rows_of(doc) -> list[dict]:
+    """The rows of a targets.json: {header..., "inputs", "rows"}, or the bare list of
+    rows an older file holds."""
+    return doc if isinstance(doc, list) else (doc or {}).get("rows") or []
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -584,10 +628,11 @@ def main(argv=None) -> int:
         return 0 if argv else 2
     root = Path(argv[0])
     ceiling = float(argv[1]) * 1e12 if len(argv) > 1 else None
-    rows = compute(root, ceiling)
+    doc = {**report_header(root, argv), "inputs": input_headers(root),
+           "rows": compute(root, ceiling)}
     if root.is_dir():
-        write_json(root / "targets.json", rows)
-    print(markdown(rows, root, argv, read_json(root / "BENCH.json") or {}, ceiling), end="")
+        write_json(root / "targets.json", doc)
+    print(markdown(doc, root, read_json(root / "BENCH.json") or {}, ceiling), end="")
     return 0
 
 

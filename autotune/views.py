@@ -27,7 +27,7 @@ def _tables(root: Path | None, slug: str, recipes: list[str] | None):
         try:
             doc = json.loads(p.read_text())
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-                continue        # a report (targets.json is a list), not a table
+                continue        # a report, not a table
         except Exception:  # noqa: BLE001 - a damaged file: read_table says why below
             pass
         try:

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from autotune.provenance import command_line
+
 from . import overhead, run
 from .readme import update_readme
 from .report import render
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
 
         out = Path(args.out) if args.out else (
             _results_root(args) / gpu_slug(device) / "bench-smoke" if args.results else None)
-    command = "python -m autotune bench" + ("" if not argv else " " + " ".join(argv))
+    command = command_line("python -m autotune bench", argv)
     started = time.perf_counter()
     header = run.run_header(device, preset, command)
     header["suites"] = list(suites)

@@ -26,6 +26,8 @@ import argparse
 import json
 from pathlib import Path
 
+from autotune.provenance import line, of
+
 from .results import HEURISTIC, geomean, load, ours_time, p50
 
 VARIANTS = ("heuristic config", "same tuned config", "no table entry")
@@ -67,8 +69,7 @@ def case_ratios(base: dict, new: dict) -> list[tuple[str, str, dict, float, floa
 
 
 def _run_line(name: str, header: dict) -> str:
-    return (f"{name}: {header.get('gpu', '?')}, torch {header.get('torch', '?')}, "
-            f"triton {header.get('triton', '?')}, {header.get('date', '?')}")
+    return f"{name}: {line(of(header))}"
 
 
 def report(base_dir: Path, new_dir: Path, suites: list[str] | None = None,

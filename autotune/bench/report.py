@@ -1,6 +1,7 @@
 """The markdown: BENCH.md (run header, how to read, headline, per-suite tables and plots),
 bench-<suite>.md and OVERHEAD.md, all rebuilt from the JSON of an output folder
-(`render`), so a page can be re-rendered without a GPU.
+(`render`), so a page can be re-rendered without a GPU. Each page opens with the GPU,
+versions, date and command of the run that measured it (`autotune.provenance`).
 
 Tables are generic over the cases' label fields: one column per field, then ours (the
 primary timing), its noise, ours back to back, every other variant, ours' speedup over
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+
+from autotune.provenance import NOT_RECORDED, line, of, versions_text
 
 from . import plots
 from .results import (
@@ -25,6 +28,7 @@ from .results import (
     peers,
     primary_regime,
     read_json,
+    suite_header,
     vs_copy,
 )
 
@@ -194,14 +198,18 @@ def headline_rows(results: list[dict], copy_bw: float | None, curve=None):
 
 
 def header_md(h: dict) -> str:
+    """The run's header as a list: its provenance (`autotune.provenance`), the GPU's
+    size, the preset, and the copy ceiling and curve."""
     bw = h.get("copy_bandwidth_Bps")
     curve = h.get("copy_curve")
+    size = ", ".join(x for x in (f"{h['sm_count']} SMs" if h.get("sm_count") else "",
+                                 f"L2 {h['l2_bytes'] >> 20} MiB" if h.get("l2_bytes") else "")
+                     if x)
     lines = [
-        f"- GPU: **{h.get('gpu')}**" + (f", {h['sm_count']} SMs" if h.get("sm_count") else "")
-        + (f", L2 {h['l2_bytes'] >> 20} MiB" if h.get("l2_bytes") else ""),
-        f"- torch {h.get('torch')}, triton {h.get('triton')}, CUDA {h.get('cuda')}, "
-        f"Python {h.get('python')}",
-        f"- date: {h.get('date')}; preset: {h.get('preset')}; "
+        f"- GPU: **{h.get('gpu') or NOT_RECORDED}**" + (f", {size}" if size else "")
+        + (" (a functional check, not a benchmark)" if h.get("device_type") == "cpu" else ""),
+        f"- {versions_text(h)}",
+        f"- date: {h.get('date') or NOT_RECORDED}; preset: {h.get('preset')}; "
         f"run time: {h.get('seconds', '?')} s",
         f"- copy bandwidth (the ceiling): {bw / 1e12:.3f} TB/s, measured by a "
         f"{h.get('copy_bytes', 1 << 30) >> 20} MiB "
@@ -212,7 +220,7 @@ def header_md(h: dict) -> str:
         f"{curve[0][1]:.2f} us for {curve[0][0] >> 10} KiB moved to "
         f"{curve[-1][1]:.0f} us for {curve[-1][0] >> 30} GiB"
         if curve else "- copy curve: not measured",
-        f"- command: `{h.get('command')}`",
+        "- command: " + (f"`{h['command']}`" if h.get("command") else NOT_RECORDED),
     ]
     return "\n".join(lines)
 
@@ -248,7 +256,7 @@ def overhead_md(ov: dict) -> str:
     bare = ov.get("bare_triton_launch_us")
     gpu = h.get("gpu", "?")
     text = [f"# Eager call overhead: {gpu}", "",
-            f"torch {h.get('torch')}, triton {h.get('triton')}, {h.get('date')}.", "",
+            f"{line(h)}.", "",
             "Host wall time per call of each recipe's public function on the smoke "
             f"preset's tiny inputs ({ov.get('calls')} calls, median of 5 rounds), with "
             "`out=` buffers given (no allocation). \"host us/call\": back-to-back calls "
@@ -271,14 +279,18 @@ def overhead_md(ov: dict) -> str:
 
 
 # --- the pages ----------------------------------------------------------------------------
-def _suite_md(res: dict, header: dict, out: Path, copy_bw, curve) -> list[str]:
-    """A suite's section: title, provenance, notes, plot (the table comes after)."""
-    md = [f"## {res['title']}", ""]
-    if res.get("date") and res.get("date") != header.get("date"):
-        when = "a later" if res["date"] > header.get("date", "") else "an earlier"
-        md += [f"*Measured by {when} run: {res['date']}, `{res.get('command')}` "
-               "(its copy ceiling and curve were measured again by this page's run "
-               "on the same GPU).*", ""]
+def _other_run(res: dict, header: dict) -> str | None:
+    """"an earlier" / "a later" when the suite was measured by another run than the
+    page's, else None."""
+    date = res.get("date")
+    if not date or date == header.get("date"):
+        return None
+    return "a later" if date > header.get("date", "") else "an earlier"
+
+
+def _suite_md(res: dict, out: Path, copy_bw, curve) -> list[str]:
+    """A suite's notes and plot (the table comes after)."""
+    md = []
     if primary_regime(res) == "graph":
         md += [BACK_TO_BACK_NOTE, ""]
     if res.get("notes"):
@@ -298,6 +310,26 @@ def _suite_md(res: dict, header: dict, out: Path, copy_bw, curve) -> list[str]:
     return md
 
 
+def _suite_page_head(res: dict, header: dict) -> list[str]:
+    """bench-<suite>.md's header: the run that measured the suite, and where that is not
+    the run that measured the copy ceiling and curve, that one too."""
+    md = [f"## {res['title']}", "", f"Measured: {line(suite_header(res, header))}.", ""]
+    if _other_run(res, header):
+        md += [f"Copy ceiling and curve (the copy-BW and same-size copy columns): "
+               f"{line(of(header))} (BENCH.md).", ""]
+    return md
+
+
+def _bench_section_head(res: dict, header: dict) -> list[str]:
+    """The suite's title in BENCH.md, and which run measured it when not the page's."""
+    md = [f"## {res['title']}", ""]
+    when = _other_run(res, header)
+    if when:
+        md += [f"*Measured by {when} run: {line(suite_header(res, header))}. Its copy-BW "
+               "and same-size copy columns use this page's copy ceiling and curve.*", ""]
+    return md
+
+
 def render(out: Path) -> None:
     """Write BENCH.md, bench-<suite>.md/.png and OVERHEAD.md from the JSON in `out`."""
     out = Path(out)
@@ -310,13 +342,15 @@ def render(out: Path) -> None:
         parts += ["## Headline", "", table(*headline_rows(results, copy_bw, curve)), ""]
     for res in results:
         head, rows = suite_rows(res, copy_bw, curve)
-        md = _suite_md(res, header, out, copy_bw, curve)
+        md = _suite_md(res, out, copy_bw, curve)
         errors = [(e["label"], k, v) for e in res["cases"] for k, v in e["errors"].items()]
         tab = table(head, rows) if rows else "*(no cases)*"
-        (out / f"bench-{res['suite']}.md").write_text("\n".join(md + [tab, ""]
-                                                               + _error_md(errors)) + "\n")
-        parts += md + ["<details><summary>All cases "
-                       f"({len(rows)})</summary>", "", tab, "", "</details>", ""]
+        (out / f"bench-{res['suite']}.md").write_text(
+            "\n".join(_suite_page_head(res, header) + md + [tab, ""] + _error_md(errors))
+            + "\n")
+        parts += _bench_section_head(res, header) + md + [
+            f"<details><summary>All cases ({len(rows)})</summary>", "", tab, "",
+            "</details>", ""]
         parts += _error_md(errors)
     ov = read_json(out / "overhead.json")
     if ov:
@@ -324,4 +358,3 @@ def render(out: Path) -> None:
         parts += ["## Eager call overhead", "", "See [OVERHEAD.md](OVERHEAD.md).", ""]
     if header or results:              # (an --overhead-only run has no BENCH.md of its own)
         (out / "BENCH.md").write_text("\n".join(parts).rstrip() + "\n")
-

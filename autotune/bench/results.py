@@ -2,7 +2,8 @@
 
 A run writes, under its output folder, `BENCH.json` (the run header: GPU, versions,
 date, copy bandwidth and curve, command, the suites in page order) and one
-`bench-<suite>.json` per suite: per case the label, the bytes it moves at least, and per
+`bench-<suite>.json` per suite: the header fields of the run that measured it
+(`autotune.provenance.FIELDS`), per case the label, the bytes it moves at least, and per
 timed variant p20/p50/p80 in microseconds and the timing mode. Variant names the bench
 adds to a suite's own: "ours (repeat)" (ours timed a second time, last), "ours (back to
 back)" and "ours (heuristic config)".
@@ -55,6 +56,18 @@ def load(out: Path) -> tuple[dict, list[dict]]:
         results.sort(key=lambda r: order.index(r["suite"]) if r["suite"] in order
                      else len(order))
     return header, results
+
+
+def suite_header(res: dict, header: dict) -> dict:
+    """The header (`autotune.provenance`) of the run that measured a suite: what its file
+    records, completed from the run header `header` (BENCH.json) where the file is of
+    that run (the same date and command)."""
+    from autotune.provenance import of
+
+    own = of(res)
+    if own.get("date") == header.get("date") and own.get("command") == header.get("command"):
+        return {**of(header), **own}
+    return own
 
 
 def error_text(exc: BaseException) -> str:

@@ -26,11 +26,11 @@ The plotted cases run first (`plan_order`), so a time cap cuts table rows, not t
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
-import platform
 import time
 import traceback
+
+from autotune.provenance import FIELDS
 
 from .results import (
     BACK_TO_BACK,
@@ -49,21 +49,20 @@ RESERVE_S = 20.0              # kept back from --max-seconds for writing the rep
 
 
 def run_header(device, preset: str, command: str) -> dict:
+    """The run's header (`autotune.provenance.header`) and what the bench adds: the
+    preset, the device type and the GPU's size."""
     import torch
-    import triton
 
-    h = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "preset": preset, "command": command, "torch": torch.__version__,
-         "triton": triton.__version__, "cuda": torch.version.cuda,
-         "python": platform.python_version(), "device_type": device.type}
+    from autotune.provenance import header
+
+    h = {**header(device, command), "preset": preset, "device_type": device.type}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        h.update(gpu=torch.cuda.get_device_name(device), sm_count=p.multi_processor_count,
+        h.update(sm_count=p.multi_processor_count,
                  l2_bytes=int(getattr(p, "L2_cache_size", 0)),
                  memory_bytes=int(p.total_memory))
     else:
-        h.update(gpu="CPU (Triton interpreter): functional check, not a benchmark",
-                 sm_count=None)
+        h.update(sm_count=None)
     return h
 
 
@@ -371,7 +370,7 @@ def run_suites(suites: dict, preset: str, device, header: dict, *, reps: int, se
         log(f"bench: suite {name} ({preset}, {len(all_cases[name])} cases)")
         res = run_suite(suites[name], preset, device, header["copy_bandwidth_Bps"],
                         reps, seed, deadline, log=log, cases=all_cases[name])
-        res["date"], res["command"] = header["date"], header["command"]
+        res.update({k: header.get(k) for k in FIELDS})
         if name in failed:
             res["error"] = failed[name]
         results.append(res)

@@ -41,6 +41,7 @@ class Options:
     compile_workers: int | None = None        # None: cores - 1 on a GPU host; 0: off
     verbose: bool = False
     started: float | None = None              # time.monotonic() at process start
+    command: str | None = None                # the command line, for the report's header
 
 
 def resolve(opts: Options, device: torch.device) -> Options:

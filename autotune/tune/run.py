@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..provenance import header, relative
 from ..tables import previous_configs, table_path
 from ..timing import rotation
 from ..views import coverage_text
@@ -402,7 +403,7 @@ class Run:
         path = self.out_dir / self.slug / REPORT
         s = self.session
         cov = self.coverage
-        doc = {"slug": self.slug, "gpu": device_name(self.device),
+        doc = {"slug": self.slug, **header(self.device, self.opts.command),
                "interpreter": self.device.type != "cuda",
                "wall_s": round(wall, 2), "fresh": self.fresh, "complete": complete,
                "interrupted": interrupted, "budget_s": self.opts.budget_s or None,
@@ -413,9 +414,11 @@ class Run:
                "phases": self.phases.report(wall), "phase_notes": PHASES,
                "compile": s.compile_report() if s else None,
                "cost_model": s.model.as_dict() if s else None,
-               "store": {"where": s.store.where, "written": s.store.written,
+               "store": {"where": relative(s.store.where, self.out_dir),
+                         "written": s.store.written,
                          "flush_s": round(s.store.flush_s, 2)} if s else None,
-               "tables": self.tables, "keys": self.rows, **(extra or {})}
+               "tables": {k: relative(v, self.out_dir) for k, v in self.tables.items()},
+               "keys": self.rows, **(extra or {})}
         with self.phases("write"):
             write_report(path, doc)
         return str(path)

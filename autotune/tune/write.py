@@ -23,7 +23,6 @@ slower than the table it rewrites, beyond that noise.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import statistics
 from pathlib import Path
 
@@ -214,9 +213,9 @@ def had_tables(out_dir: Path, slug: str) -> bool:
 
 
 def write_report(path: Path, doc: dict) -> None:
-    write_json_atomic(path, {"format": REPORT_FORMAT,
-                             "date": _dt.datetime.now(_dt.timezone.utc).replace(
-                                 microsecond=0).isoformat(), **doc})
+    """The tune report: `doc`, which opens with the run's header (GPU, versions, date,
+    command: `autotune.provenance`), under the report's format name."""
+    write_json_atomic(path, {"format": REPORT_FORMAT, **doc})
 
 
 def key_row(job: Job, entry: dict | None, counts: dict, planned: int, seconds: float) -> dict:
