@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.autotune.autotune_util import FAKE, REPO, fake_fixture  # noqa: F401
 
 from autotune import bench, provenance, targets
 from autotune.bench import report, results
 from autotune.quality import render_report
 from autotune.tune.options import Options
+from tests.autotune.autotune_util import FAKE, REPO, fake_fixture  # noqa: F401
 
 MADE_WITH = ("gpu", "torch", "triton", "python", "date", "command")
 # an absolute path of the usual machine folders (a report's own text has no such thing)
