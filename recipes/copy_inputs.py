@@ -1,4 +1,4 @@
-"""copy_inputs: the step graph's input copies, `dst[i].copy_(src[i])` for 1 to 16 pairs, one launch.
+"""copy_inputs: the step graph's input copies, dst[i] = src[i] for 1 to 16 pairs, one launch.
 
     copy_inputs(src=[s0, s1, ...], dst=[d0, d1, ...]):  bytes(d_i) = bytes(s_i)
 

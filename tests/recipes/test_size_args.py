@@ -165,3 +165,23 @@ OTHER_BAD = [
         "^src, dst: expected 1 to 16 pairs, got 17"),
 ]
 test_other_sizes = bad_inputs_test(OTHER_BAD)
+
+
+def test_numpy_sizes_in_adapters(device):
+    """A NumPy integer is an integer: vLLM's max_spec_len and num_speculative_steps as
+    np.int64 give what the Python ints give."""
+    meta = types.SimpleNamespace(all_greedy=True, all_random=False, temperature=None,
+                                 top_k=None, top_p=None, generators={})
+    x = torch.randn(3, 20, generator=torch.Generator().manual_seed(2)).to(device)
+    args = [torch.tensor([1, 2, 3], device=device), [2, 1], 2,
+            torch.tensor([2, 3], device=device), None, x,
+            torch.tensor([[5], [6]], dtype=torch.int32, device=device), meta]
+    want = v1.rejection_sample(*args)
+    args[2] = np.int64(2)
+    assert torch.equal(v1.rejection_sample(*args), want)
+    z = torch.zeros(3, dtype=torch.int64, device=device)
+    m2 = [torch.randn(3, 20, generator=torch.Generator().manual_seed(3)).to(device), None, z,
+          torch.tensor([0, 3], device=device), z, z[:1], z, z, torch.zeros(1, device=device),
+          z[:1]]
+    got, want = mrv2.rejection_sample(*m2, np.int64(2)), mrv2.rejection_sample(*m2, 2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -172,7 +172,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
         synthetic_conditional_rates, fly_window_size, seeds, positions, apply_temperature)
-    W, dev = max_spec_len + 1, target_logits.device
+    W, dev = int(max_spec_len) + 1, target_logits.device          # (checked: an integer)
     if out is None:
         out = torch.empty((B, W), dtype=torch.int32, device=dev)
     else:
@@ -188,7 +188,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         return out
     cfg = RG.resolve_config(config, target_logits.dtype, V, N, sampling is not None, dev)
     RG.launch(target_logits, cu_num_draft_tokens, draft_token_ids, out, cfg, B=B, width=W,
-              maxrows=max_spec_len, v1=True, bonus=bonus, sampling=sampling,
+              maxrows=W - 1, v1=True, bonus=bonus, sampling=sampling,
               apply_temperature=apply_temperature)
     return out
 
