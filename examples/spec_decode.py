@@ -215,19 +215,7 @@ def _torch_top_k_top_p(z, top_k, top_p):
     return torch.full_like(z, float("-inf")).scatter(1, order, zs)
 
 
-class RecipeOps:
-    """The recipes (copy_inputs before its keyword-only API: (dst, src) pairs)."""
-
-    def __getattr__(self, name):
-        return getattr(recipes, name)
-
-    @staticmethod
-    def copy_inputs(*, src, dst):
-        recipes.copy_inputs(list(zip(dst, src, strict=True)))
-
-
-OPS = {"recipes": recipes if "src" in inspect.signature(recipes.copy_inputs).parameters
-       else RecipeOps(), "torch": TorchOps}
+OPS = {"recipes": recipes, "torch": TorchOps}
 
 
 # --- state -------------------------------------------------------------------------------

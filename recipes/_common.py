@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
+import re
 import threading
 from typing import Iterable
 
@@ -106,12 +108,78 @@ def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None,
 
 
 def check_out(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    """An `out=` buffer: exact shape and dtype, same device, contiguous."""
+    """An `out=` buffer: exact shape and dtype, same device, contiguous (so no two of its
+    elements share memory: `check_written` says so first where they do)."""
     check_tensor(name, t, dtypes=(dtype,), device=device)
     if t.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if not t.is_contiguous():
+        check_written(name, t)
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def check_written(name: str, t: torch.Tensor) -> None:
+    """A tensor the call writes (an out= buffer, an in-place argument): ValueError when
+    two of its elements may share memory, since programs writing one address race (and
+    torch's in-place ops refuse such views too). From shape and strides only. Sorted by
+    stride, each dim must step past the whole span of the smaller ones: true of every
+    view that slicing, transposing or selecting makes of a dense tensor, false of an
+    expanded (stride-0) view and of `as_strided` views whose dims interleave (refused
+    even where their elements happen to be distinct: the test stays a cheap one)."""
+    if t.is_contiguous() or t.numel() == 0:
+        return
+    span = 1                                # elements the smaller strides cover
+    for stride, size, d in sorted((st, n, d) for d, (n, st)
+                                  in enumerate(zip(t.shape, t.stride(), strict=True))
+                                  if n > 1):
+        if stride < span:
+            why = (f"dim {d} has stride 0 (an expanded view)" if stride == 0 else
+                   f"dim {d} (stride {stride}) steps inside the span of the dims with "
+                   f"smaller strides ({span} elements)")
+            raise ValueError(f"{name}: expected a tensor whose dims do not overlap in "
+                             f"memory (it is written; by stride, each dim steps past the "
+                             f"span of the smaller ones), got shape {tuple(t.shape)} with "
+                             f"strides {t.stride()}: {why}")
+        span += (size - 1) * stride
+
+
+# Triton's largest block (elements): a size that one program holds as a block must fit
+MAX_BLOCK = tl.TRITON_MAX_TENSOR_NUMEL
+
+
+def check_int(name: str, v, lo: int | None = None, hi: int | None = None, *,
+              none_ok: bool = False, why: str = "") -> int | None:
+    """A size argument: an integer (a Python or NumPy int; not a bool, not a tensor,
+    whose value would be read from the device) in [lo, hi] (None: unbounded), or None
+    where `none_ok`; `why` says where a bound comes from. Returns it as a Python int."""
+    if v is None and none_ok:
+        return None
+    want = "an int or None" if none_ok else "an int"
+    if isinstance(v, (bool, torch.Tensor)):
+        raise TypeError(f"{name}: expected {want}, got {type(v).__name__}")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name}: expected {want}, got {type(v).__name__}") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        want = (f"an int in [{lo}, {hi}]" if lo is not None and hi is not None else
+                f"an int >= {lo}" if hi is None else f"an int <= {hi}")
+        raise ValueError(f"{name}: expected {want}{f' ({why})' if why else ''}, got {v}")
+    return v
+
+
+def renamed(err: Exception, names: dict) -> Exception:
+    """`err` (a TypeError or ValueError of the shared validators) in the caller's words:
+    each whole name of `names` in its message replaced by the caller's name for it. An
+    adapter that has the recipes' validators check its arguments re-raises what they
+    raise through this (`raise C.renamed(e, NAMES) from None`), so its errors name the
+    engine's arguments. Other exceptions come back unchanged."""
+    if type(err) not in (TypeError, ValueError) or not err.args:
+        return err
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(
+        re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?!\w)")
+    msg = pattern.sub(lambda m: names[m.group(1)], str(err))
+    return type(err)(msg).with_traceback(err.__traceback__)
 
 
 def byte_extent(t: torch.Tensor) -> tuple[int, int] | None:

@@ -362,6 +362,7 @@ def validate(logits, draft_tokens, out, name="logits"):
     C.check_runnable(name, logits)       # after the device checks: mixed devices
     C.check_logits_rows(name, logits)
     B, K = draft_tokens.shape
+    check_draft_width("draft_tokens", draft_tokens)
     V = logits.shape[-1]
     if logits.dim() == 2:
         if logits.shape[0] != B * (K + 1):
@@ -374,6 +375,17 @@ def validate(logits, draft_tokens, out, name="logits"):
                              f"[B={B}, K={K}], got {tuple(logits.shape)}")
         stride_b, stride_j = logits.stride(0), logits.stride(1)
     return B, K, V, stride_b, stride_j, validate_out(out, B, K, device)
+
+
+def check_draft_width(name: str, drafts: torch.Tensor, tokens: int | None = None) -> None:
+    """A request's K drafts: K + 1 tokens (`tokens`, when the caller counts them
+    otherwise) are one block of the finishing program (`KP1`), at most Triton's largest
+    block."""
+    n = drafts.shape[1] + 1 if tokens is None else tokens
+    if n > C.MAX_BLOCK:
+        raise ValueError(f"{name}: expected K + 1 <= {C.MAX_BLOCK} tokens a request (one "
+                         f"Triton block of the finishing program), got shape "
+                         f"{tuple(drafts.shape)}")
 
 
 def validate_out(out, B: int, K: int, device: torch.device) -> VerifyResult:

@@ -1,8 +1,10 @@
-"""copy_inputs: the step graph's input copies, `dst.copy_(src)` for 1 to 16 pairs, one launch.
+"""copy_inputs: the step graph's input copies, dst[i] = src[i] for 1 to 16 pairs, one launch.
 
-    for each (dst, src) in pairs:  bytes(dst) = bytes(src)
+    copy_inputs(src=[s0, s1, ...], dst=[d0, d1, ...]):  bytes(d_i) = bytes(s_i)
 
-Each pair has one dtype and one number of elements (shapes may differ), both tensors
+Keyword-only: a swapped pair has matching shapes and would silently overwrite its
+source, so a positional call raises TypeError asking for `src=` and `dst=`. Each pair
+has one dtype and one number of elements (shapes may differ), both tensors
 contiguous; dtypes differ freely across pairs (bool, ints, floats, complex, float8...).
 The copy is of bits, never of values: every pair is reinterpreted as the widest of
 int64/int32/int16/int8 that divides its byte count and the byte alignment of both
@@ -33,18 +35,17 @@ from .tuning import Tuning
 
 NAME = "copy_inputs"
 MAX_PAIRS = 16
-_DST_NAMES = tuple(f"pairs[{i}] dst" for i in range(MAX_PAIRS))
-_SRC_NAMES = tuple(f"pairs[{i}] src" for i in range(MAX_PAIRS))
-Pairs = Sequence[tuple[torch.Tensor, torch.Tensor]]     # (dst, src) pairs
+_DST_NAMES = tuple(f"dst[{i}]" for i in range(MAX_PAIRS))
+_SRC_NAMES = tuple(f"src[{i}]" for i in range(MAX_PAIRS))
 _UNITS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8))
 
 
-def reference(pairs: Pairs) -> None:
-    """The semantics: dst.copy_(src) for every pair, as bits (through an int8 view, so
-    no value conversion can touch a NaN payload)."""
-    for dst, src in pairs:
-        if dst.numel():
-            dst.reshape(-1).view(torch.int8).copy_(src.reshape(-1).view(torch.int8))
+def reference(*, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> None:
+    """The semantics: dst[i].copy_(src[i]) for every pair, as bits (through an int8 view,
+    so no value conversion can touch a NaN payload)."""
+    for s, d in zip(src, dst, strict=True):
+        if d.numel():
+            d.reshape(-1).view(torch.int8).copy_(s.reshape(-1).view(torch.int8))
 
 
 # --- kernel ----------------------------------------------------------------------------
@@ -116,41 +117,51 @@ def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict
 
 
 # --- launcher --------------------------------------------------------------------------
-def _validate(pairs):
-    if not isinstance(pairs, (list, tuple)):
-        raise TypeError(f"pairs: expected a list or tuple of (dst, src) tensor pairs, got "
-                        f"{type(pairs).__name__}")
-    if not 1 <= len(pairs) <= MAX_PAIRS:
-        raise ValueError(f"pairs: expected 1 to {MAX_PAIRS} (dst, src) pairs, got "
-                         f"{len(pairs)}")
+def positional_error(args: tuple) -> TypeError:
+    """The error of a positional call (`copy_inputs` and its custom-op wrapper)."""
+    got = ", ".join(type(a).__name__ for a in args)
+    return TypeError(
+        f"copy_inputs: expected keyword arguments src=[...] and dst=[...] (named, because "
+        f"a swapped pair has matching shapes and would overwrite its source), got "
+        f"{len(args)} positional argument{'s' if len(args) > 1 else ''} ({got})")
+
+
+def _sequence(name: str, v) -> None:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name}: expected a list or tuple of 1 to {MAX_PAIRS} tensors, got "
+                        f"{type(v).__name__}")
+
+
+def _validate(src, dst):
+    """Host-side checks; returns the device."""
+    _sequence("src", src)
+    _sequence("dst", dst)
+    if len(src) != len(dst):
+        raise ValueError(f"src, dst: expected sequences of the same length (pair i copies "
+                         f"src[i] into dst[i]), got {len(src)} and {len(dst)}")
+    if not 1 <= len(src) <= MAX_PAIRS:
+        raise ValueError(f"src, dst: expected 1 to {MAX_PAIRS} pairs, got {len(src)}")
     dev = None
-    for i, pair in enumerate(pairs):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise TypeError(f"pairs[{i}]: expected a (dst, src) pair of tensors, got "
-                            f"{type(pair).__name__}"
-                            + (f" of length {len(pair)}" if isinstance(pair, (list, tuple))
-                               else ""))
-        dst, src = pair
-        for what, t in (("dst", dst), ("src", src)):
-            name = f"pairs[{i}] {what}"
+    for i, (s, d) in enumerate(zip(src, dst, strict=True)):
+        for name, t in ((_SRC_NAMES[i], s), (_DST_NAMES[i], d)):
             C.check_tensor(name, t)
             if dev is None:
                 dev = t.device
             C.check_device(name, t, dev)
             if not t.is_contiguous():
+                if t is d:
+                    C.check_written(name, t)
                 raise ValueError(f"{name}: expected a contiguous tensor, got shape "
                                  f"{tuple(t.shape)} with strides {t.stride()}")
-        if dst.dtype != src.dtype:
-            raise TypeError(f"pairs[{i}]: expected dst and src of one dtype, got "
-                            f"{C._dtype_name(dst.dtype)} (dst) and {C._dtype_name(src.dtype)} "
-                            f"(src)")
-        if dst.numel() != src.numel():
-            raise ValueError(f"pairs[{i}]: expected dst and src with the same number of "
-                             f"elements, got {dst.numel()} (dst, shape {tuple(dst.shape)}) "
-                             f"and {src.numel()} (src, shape {tuple(src.shape)})")
-    C.check_runnable("pairs[0] dst", pairs[0][0])   # after the device checks
-    C.check_no_overlap(zip(_DST_NAMES, (p[0] for p in pairs), strict=False),
-                       zip(_SRC_NAMES, (p[1] for p in pairs), strict=False))
+        if d.dtype != s.dtype:
+            raise TypeError(f"dst[{i}]: expected the dtype of src[{i}], "
+                            f"{C._dtype_name(s.dtype)}, got {C._dtype_name(d.dtype)}")
+        if d.numel() != s.numel():
+            raise ValueError(f"dst[{i}]: expected the number of elements of src[{i}], "
+                             f"{s.numel()} (shape {tuple(s.shape)}), got {d.numel()} "
+                             f"(shape {tuple(d.shape)})")
+    C.check_runnable("src[0]", src[0])              # after the device checks
+    C.check_no_overlap(zip(_DST_NAMES, dst, strict=False), zip(_SRC_NAMES, src, strict=False))
     return dev
 
 
@@ -160,10 +171,10 @@ def _unit_view(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.reshape(-1).view(dtype)
 
 
-def _plan(pairs):
+def _plan(src_list, dst_list):
     """(dst views, src views, lengths in units) of the non-empty pairs."""
     dsts, srcs, ns = [], [], []
-    for dst, src in pairs:
+    for src, dst in zip(src_list, dst_list, strict=True):
         es = dst.element_size()
         nbytes = dst.numel() * es
         if nbytes == 0:
@@ -192,16 +203,22 @@ def launch_copy_inputs(dsts: list, srcs: list, ns: list, cfg: dict) -> None:
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), launch_pdl=pdl > 0)
 
 
-def copy_inputs(pairs: Pairs, *, config: dict | None = None) -> None:
-    """Copy 1 to 16 (dst, src) pairs bit for bit in one launch: each pair one dtype and
-    one number of elements, both contiguous, all on one device; any dtypes across pairs.
-    A dst shares no memory with a src or another dst (ValueError)."""
-    dev = _validate(pairs)
-    dsts, srcs, ns = _plan(pairs)
+def copy_inputs(*args, src: Sequence[torch.Tensor] | None = None,
+                dst: Sequence[torch.Tensor] | None = None,
+                config: dict | None = None) -> None:
+    """Copy src[i] into dst[i] bit for bit for 1 to 16 pairs, in one launch: each pair
+    one dtype and one number of elements, both contiguous, all on one device; any
+    dtypes across pairs. Keyword-only (a positional call raises TypeError: a swapped
+    pair would silently overwrite its source). A dst shares no memory with a src or
+    another dst (ValueError)."""
+    if args:
+        raise positional_error(args)
+    dev = _validate(src, dst)
+    dsts, srcs, ns = _plan(src, dst)
     if not dsts:
         return None
     largest = max(n * d.element_size() for d, n in zip(dsts, ns, strict=True))
-    key = tune_key(len(pairs), largest)
+    key = tune_key(len(src), largest)
     cfg = resolve_config(config, key, dev)
     launch_copy_inputs(dsts, srcs, ns, cfg)
     return None
@@ -223,10 +240,11 @@ def _pair_sizes(key: dict):
     return out
 
 
-def make_pairs(key: dict, device: torch.device, seed: int, *, poison: bool = True):
-    """The pairs of `_pair_sizes(key)`: sources random bits, destinations poisoned."""
+def make_pairs(key: dict, device: torch.device, seed: int, *, poison: bool = True) -> dict:
+    """The pairs of `_pair_sizes(key)` as copy_inputs' arguments {"src": [...], "dst":
+    [...]}: sources random bits, destinations poisoned."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    pairs = []
+    pairs = {"src": [], "dst": []}
     for dt, n in _pair_sizes(key):
         es = torch.empty((), dtype=dt).element_size()
         bits = torch.randint(-128, 128, (n * es,), generator=g, dtype=torch.int8)
@@ -235,7 +253,8 @@ def make_pairs(key: dict, device: torch.device, seed: int, *, poison: bool = Tru
         else:
             src, fill = bits.view(dt), 0x5A
         dst = torch.full((n * es,), fill if poison else 0, dtype=torch.uint8).view(dt)
-        pairs.append((dst.to(device), src.to(device)))
+        pairs["src"].append(src.to(device))
+        pairs["dst"].append(dst.to(device))
     return pairs
 
 
@@ -248,20 +267,20 @@ def _bytes_view(ts):
     return tuple(t.reshape(-1).view(torch.int8) for t in ts)
 
 
-def _run(pairs, cfg: dict):
+def _run(pairs: dict, cfg: dict):
     """The tuner checks each config on fresh copies of the (poisoned) pairs."""
-    copy_inputs(pairs, config=cfg)
-    return _bytes_view(d for d, _ in pairs)
+    copy_inputs(**pairs, config=cfg)
+    return _bytes_view(pairs["dst"])
 
 
-def _ref(pairs):
-    return tuple(t.clone() for t in _bytes_view(s for _, s in pairs))
+def _ref(pairs: dict):
+    return tuple(t.clone() for t in _bytes_view(pairs["src"]))
 
 
-def _peer(pairs):
-    for d, s in pairs:
+def _peer(pairs: dict):
+    for s, d in zip(pairs["src"], pairs["dst"], strict=True):
         d.copy_(s)
-    return _bytes_view(d for d, _ in pairs)
+    return _bytes_view(pairs["dst"])
 
 
 def _default_keys(preset: str) -> list[dict]:

@@ -21,9 +21,10 @@ Edge cases and choices:
   copied as they are (widened to int64), in or out of any vocabulary.
 * `column` is a Python int in [-K, K) for draft_tokens [B, K] (negative counts from the
   end), 0 by default; passing it without draft_tokens is an error (it would be
-  dropped). `positions` and `draft_tokens` may be strided views; neither may share
-  memory with an input, an out= buffer or each other (ValueError, from the address
-  ranges: `_common.check_no_overlap`).
+  dropped). `positions` and `draft_tokens` may be strided views, but not expanded
+  (stride-0) or otherwise self-overlapping ones (`_common.check_written`); neither may
+  share memory with an input, an out= buffer or each other (ValueError, from the
+  address ranges: `_common.check_no_overlap`).
 * B = 0 returns empty outputs and launches nothing; R = 0 with rows non-empty is an error.
 
 One launch. The grid is [argmax programs | hidden-copy programs]:
@@ -543,6 +544,7 @@ def check_call(logits, rows, hidden, token_map, positions, draft_tokens, column,
         C.check_tensor("positions", positions, dtypes=(torch.int64,), ndim=1, device=dev)
         if positions.shape[0] != B:
             raise ValueError(f"positions: expected shape ({B},), got {tuple(positions.shape)}")
+        C.check_written("positions", positions)
     if isinstance(column, bool) or not isinstance(column, int):
         raise TypeError(f"column: expected a Python int, got {type(column).__name__}")
     if draft_tokens is not None:
@@ -552,6 +554,7 @@ def check_call(logits, rows, hidden, token_map, positions, draft_tokens, column,
         if draft_tokens.shape[0] != B:
             raise ValueError(f"draft_tokens: expected shape ({B}, K), "
                              f"got {tuple(draft_tokens.shape)}")
+        C.check_written("draft_tokens", draft_tokens)
         if not -K <= column < K:
             raise ValueError(f"column: expected an index in [{-K}, {K}) for draft_tokens "
                              f"of shape {tuple(draft_tokens.shape)}, got {column}")

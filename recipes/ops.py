@@ -18,7 +18,7 @@ be captured as CUDA graphs (`torch.compile(mode="reduce-overhead")`).
     torch.ops.spec_cookbook.verify_metadata(req_pool_indices, seq_lens, req_to_token,
                                             num_tokens, page_size, window, max_pages,
                                             layout) -> 10 tensors (SPEC order)
-    torch.ops.spec_cookbook.copy_inputs(dsts, srcs) -> ()                 # writes dsts
+    torch.ops.spec_cookbook.copy_inputs(srcs, dsts) -> ()                 # writes dsts
 
 Ops return plain tuples of tensors. A field that the recipe returns as None (the hidden
 rows when `hidden` is None; the fields of a `verify_metadata` layout not asked for) is
@@ -301,19 +301,33 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
 
 # --- copy_inputs -----------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "copy_inputs", mutates_args=("dsts",))
-def _copy_inputs_op(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    _recipes().copy_inputs(_zip_pairs(dsts, srcs, "dsts", "srcs"))
+def _copy_inputs_op(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
+    _recipes().copy_inputs(src=srcs, dst=dsts)
 
 
 @_copy_inputs_op.register_fake
-def _(dsts, srcs):
+def _(srcs, dsts):
     return None
 
 
-def copy_inputs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """`recipes.copy_inputs` as a custom op: copies each (dst, src) pair, in place."""
-    dsts, srcs = _split_pairs(pairs, "pairs", "(dst, src)")
-    torch.ops.spec_cookbook.copy_inputs(dsts, srcs)
+def copy_inputs(*args, src: Sequence[torch.Tensor] | None = None,
+                dst: Sequence[torch.Tensor] | None = None) -> None:
+    """`recipes.copy_inputs` as a custom op: copies src[i] into dst[i], in place.
+    Keyword-only, as the recipe (a positional call raises its TypeError)."""
+    if args:
+        from .copy_inputs import positional_error
+
+        raise positional_error(args)
+    torch.ops.spec_cookbook.copy_inputs(_list("src", src), _list("dst", dst))
+
+
+def _list(name: str, v) -> list:
+    """A sequence argument as the op's list (a tensor or None is an error here, not a
+    list of rows)."""
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name}: expected a list or tuple of tensors, got "
+                        f"{type(v).__name__}")
+    return list(v)
 
 
 OPS = ("argmax", "chain_verify", "draft_tail", "relay_scatter", "relay_gather",

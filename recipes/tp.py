@@ -65,8 +65,6 @@ for CUDA tensors it would go through the host, so it is refused.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.distributed as dist
 import triton
@@ -229,18 +227,9 @@ def _launch_accept(keys, draft_tokens, out, B, K) -> None:
 
 
 # --- validation ------------------------------------------------------------------------
-def _int_arg(name: str, v) -> int:
-    if isinstance(v, bool):
-        raise TypeError(f"{name}: expected an int, got bool")
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(v).__name__}") from None
-
-
 def _live_width(local_logits, vocab_start, vocab_size) -> tuple[int, int, int]:
     """(vocab_start, vocab_size, live columns min(Vl, V - vocab_start)), checked."""
-    vs, V = _int_arg("vocab_start", vocab_start), _int_arg("vocab_size", vocab_size)
+    vs, V = C.check_int("vocab_start", vocab_start), C.check_int("vocab_size", vocab_size)
     if not 1 <= V < 2**31:
         raise ValueError(f"vocab_size: expected 1 <= vocab_size < 2^31, got {V}")
     if not 0 <= vs < V:
@@ -341,6 +330,10 @@ def local_keys(local_logits: torch.Tensor, *, vocab_start: int, vocab_size: int,
         out = torch.empty((R,), dtype=torch.int64, device=device)
     else:
         C.check_out("out", out, (R,), torch.int64, device)
+        reads = [("local_logits", local_logits)]
+        if sampling is not None:
+            reads += zip(("temperature", "seeds", "positions"), sampling, strict=True)
+        C.check_no_overlap([("out", out)], reads)
     if R == 0:
         return out
     if local_logits.dim() == 2 and sampling is None:
@@ -360,6 +353,8 @@ def finish_argmax(keys: torch.Tensor, *, out=None) -> torch.Tensor:
         out = torch.empty_like(keys)
     else:
         C.check_out("out", out, tuple(keys.shape), torch.int64, keys.device)
+        if out.data_ptr() != keys.data_ptr():       # in place, or apart
+            C.check_no_overlap([("out", out)], [("keys", keys)])
     if keys.shape[0]:
         _launch_unpack(keys, out)
     return out
@@ -371,9 +366,14 @@ def finish_verify(keys: torch.Tensor, draft_tokens: torch.Tensor, *,
     request b's at b*(K+1) + j) against `draft_tokens` (int32/int64 [B, K]): a
     VerifyResult as recipes.chain_verify returns. One launch."""
     C.check_tensor("draft_tokens", draft_tokens, dtypes=C.INDEX_DTYPES, ndim=2)
+    CV.check_draft_width("draft_tokens", draft_tokens)
     B, K = draft_tokens.shape
     _check_keys("keys", keys, B * (K + 1), draft_tokens.device)
+    given = out is not None
     out = CV.validate_out(out, B, K, draft_tokens.device)
+    if given:
+        C.check_no_overlap(zip(CV._OUT_NAMES, out, strict=True),
+                           [("keys", keys), ("draft_tokens", draft_tokens)])
     if B:
         _launch_accept(keys, draft_tokens, out, B, K)
     return out

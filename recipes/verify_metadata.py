@@ -393,16 +393,6 @@ def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict
 
 
 # --- launcher --------------------------------------------------------------------------
-def _check_int(name: str, v, lo: int, *, none_ok: bool = False) -> None:
-    if v is None and none_ok:
-        return
-    if isinstance(v, bool) or not isinstance(v, int):
-        want = "an int or None" if none_ok else "an int"
-        raise TypeError(f"{name}: expected {want}, got {type(v).__name__}")
-    if v < lo:
-        raise ValueError(f"{name}: expected an int >= {lo}, got {v}")
-
-
 def _validate(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, window,
               max_pages, layout):
     C.check_tensor("req_pool_indices", req_pool_indices, dtypes=C.INDEX_DTYPES, ndim=1)
@@ -413,10 +403,12 @@ def _validate(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, w
     if seq_lens.shape != req_pool_indices.shape:
         raise ValueError(f"seq_lens: expected shape {tuple(req_pool_indices.shape)} (that of "
                          f"req_pool_indices), got {tuple(seq_lens.shape)}")
-    _check_int("num_tokens", num_tokens, 1)
-    _check_int("page_size", page_size, 1)
-    _check_int("window", window, 1, none_ok=True)
-    _check_int("max_pages", max_pages, 0, none_ok=True)
+    num_tokens = C.check_int("num_tokens", num_tokens, 1, C.MAX_BLOCK,
+                             why="a request's verify tokens are one Triton block")
+    page_size = C.check_int("page_size", page_size, 1)
+    window = C.check_int("window", window, 1, none_ok=True)
+    max_pages = C.check_int("max_pages", max_pages, 0, INT32_MAX, none_ok=True,
+                            why="page-table offsets are int32")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, "
                          f"got {layout!r}")
@@ -425,13 +417,15 @@ def _validate(req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, w
     if Cap + num_tokens > INT32_MAX:
         raise ValueError(f"req_to_token: expected a capacity C with C + num_tokens < 2^31, "
                          f"got C={Cap}, num_tokens={num_tokens}")
-    if page_size > INT32_MAX:
-        raise ValueError(f"page_size: expected an int < 2^31, got {page_size}")
+    # a request's tokens (at most max(C, N)) round up to whole pages in int32
+    C.check_int("page_size", page_size, 1, INT32_MAX + 1 - max(Cap, num_tokens),
+                why=f"max(C, num_tokens) + page_size <= 2^31 with C={Cap}: int32 page "
+                    "arithmetic")
     mp = _default_max_pages(Cap, page_size) if max_pages is None else max_pages
     if B * mp > INT32_MAX:
         raise ValueError(f"max_pages: expected batch x max_pages < 2^31 (int32 page "
                          f"offsets), got {B} x {mp}")
-    return dev, B, Cap, mp
+    return dev, B, Cap, mp, num_tokens, page_size, window
 
 
 def _outputs(out, layout, B, N, mp, dev) -> tuple[dict, list]:
@@ -508,8 +502,9 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     layout not asked for must be None); with every field of the layout given, the
     call allocates nothing, and the returned tuple holds those very tensors.
     """
-    dev, B, Cap, mp = _validate(req_pool_indices, seq_lens, req_to_token, num_tokens,
-                                page_size, window, max_pages, layout)
+    dev, B, Cap, mp, num_tokens, page_size, window = _validate(
+        req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, window, max_pages,
+        layout)
     o, given = _outputs(out, layout, B, num_tokens, mp, dev)
     if given:                            # out= buffers share no memory with the inputs
         C.check_no_overlap(given, (("req_pool_indices", req_pool_indices),

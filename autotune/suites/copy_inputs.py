@@ -19,15 +19,15 @@ def _bench_cases(preset: str):
             return make_pairs(key, device, seed)
 
         def torch_copies(pairs):
-            for d, s in pairs:
+            for s, d in zip(pairs["src"], pairs["dst"], strict=True):
                 d.copy_(s)
 
         cases.append(BenchCase(
             label={"pairs": n_pairs, "pair_bytes": nbytes}, make=make,
             bytes=TUNING.bytes_moved(key),
             variants={
-                "ours": BenchVariant(lambda s: copy_inputs(s)),
-                "ours eager": BenchVariant(lambda s: copy_inputs(s), eager=True),
+                "ours": BenchVariant(lambda s: copy_inputs(**s)),
+                "ours eager": BenchVariant(lambda s: copy_inputs(**s), eager=True),
                 "torch eager": BenchVariant(torch_copies, eager=True, peer=True),
                 "torch graph": BenchVariant(torch_copies, peer=True),
             }))

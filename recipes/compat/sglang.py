@@ -77,9 +77,10 @@ Where the semantics differ from SGLang's (everything else is equal bit for bit):
   another layout gives the chain's answer, not the walk's.
 * Simulated acceptance (`num_simulated_accept_tokens > 0`, SGLang's benchmarking aid) is
   not modelled: it raises NotImplementedError.
-* Validation raises ValueError/TypeError naming the argument (SGLang asserts); in-place
-  buffers (`positions`, `draft_tokens`) that share memory with each other or with the
-  logits raise ValueError (SGLang: unspecified results). Accepted
+* Validation raises ValueError/TypeError naming the argument by SGLang's name (SGLang
+  asserts); in-place buffers (`positions`, `draft_tokens`) that share memory with each
+  other or with the logits, or are expanded (stride-0) or otherwise self-overlapping
+  views, raise ValueError (SGLang: unspecified results). Accepted
   beyond SGLang: CPU tensors under the Triton interpreter, int32 `candidates`, 3-D logits
   [B, N, V] for the verifier, negative `draft_token_column` (from the end), strided
   `seq_lens`/`positions`/`draft_tokens`. Narrower: `positions` must be int64.
@@ -99,7 +100,7 @@ from .. import _common as C
 from .._registers import matching_cap, register_cap
 from ..chain_verify import SPACE as VERIFY_SPACE
 from ..chain_verify import TUNING as CHAIN_VERIFY_TUNING
-from ..chain_verify import VerifyResult, launch_verify
+from ..chain_verify import VerifyResult, check_draft_width, launch_verify
 from ..chain_verify import constraint as verify_constraint
 from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import make_inputs as verify_inputs
@@ -147,6 +148,7 @@ def _check_verify_args(next_token_logits, candidates, retrieve_index, retrieve_n
     if N < 1:
         raise ValueError(f"candidates: expected [B, N] with N >= 1 (the committed token "
                          f"and N-1 drafts), got shape {tuple(candidates.shape)}")
+    check_draft_width("candidates", candidates, N)
     lead = tuple(next_token_logits.shape[:-1])
     if lead != (B * N,) and lead != (B, N):
         raise ValueError(f"next_token_logits: expected [B*N, V] = [{B * N}, V] (or "
@@ -204,8 +206,8 @@ def _row_source(name, t, R, device, dtypes):
         return None
     C.check_tensor(name, t, dtypes=dtypes, ndim=2, device=device)
     if t.shape[0] < R:
-        raise ValueError(f"{name}: expected at least {R} rows (one per logits row), got "
-                         f"shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected at least {R} rows (one per next_token_logits "
+                         f"row), got shape {tuple(t.shape)}")
     if t.shape[1] > 1 and t.stride(1) != 1:
         raise ValueError(f"{name}: expected the last dim to be contiguous (stride 1), got "
                          f"strides {t.stride()}")
@@ -276,6 +278,12 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     return res
 
 
+# draft_tail's argument names -> draft_topk1_postprocess's, in the errors of the checks
+# it shares with draft_tail (`C.renamed`)
+_TOPK1_NAMES = {"logits": "next_token_logits", "column": "draft_token_column",
+                "out.tokens": "out.topk_index", "out.probs": "out.topk_p"}
+
+
 def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Tensor,
                             draft_tokens: torch.Tensor | None = None,
                             draft_token_column: int = 0, *, out: tuple | None = None,
@@ -291,8 +299,11 @@ def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Te
                             ("topk_index", (B, 1), torch.int64)),
                       dev, "a (topk_p, topk_index) pair")
     column = COLUMN_DEFAULT if draft_tokens is None else draft_token_column
-    c = check_tail_call(x, None, None, None, positions, draft_tokens, column,
-                        DraftTail(idx.view(-1), p.view(-1), None))
+    try:
+        c = check_tail_call(x, None, None, None, positions, draft_tokens, column,
+                            DraftTail(idx.view(-1), p.view(-1), None))
+    except (TypeError, ValueError) as e:
+        raise C.renamed(e, _TOPK1_NAMES) from None
     if B > 0:
         # this launch's own table (TOPK1_TABLE): draft_tail's time a launch with row
         # indices, a token map and hidden rows, which rank configs otherwise

@@ -416,7 +416,7 @@ BAD = [
     bad("m2-out-overlap", lambda d: _m2(d, out=lambda a, d: (
         torch.zeros(2, 3, dtype=torch.int64, device=d),
         a["target_logits"].view(torch.int32).view(-1)[:2])), ValueError, "out.num_sampled"),
-    bad("m2-steps", lambda d: _m2(d, num_speculative_steps=True), ValueError,
-        "num_speculative_steps"),
+    bad("m2-steps", lambda d: _m2(d, num_speculative_steps=True), TypeError,
+        "num_speculative_steps: expected an int, got bool"),
 ]
 test_bad_inputs = bad_inputs_test(BAD)

@@ -67,7 +67,7 @@ def run_case(device, specs, config=None, seed=0):
     """specs: [(dtype, n, dst byte offset, src byte offset)]; checks every pair's bytes
     and the guard bands."""
     g = torch.Generator().manual_seed(seed)
-    pairs, checks = [], []
+    srcs, dsts, checks = [], [], []
     for dtype, n, doff, soff in specs:
         src_bits = random_bits(n, dtype, g)
         es = src_bits.element_size()
@@ -76,9 +76,10 @@ def run_case(device, specs, config=None, seed=0):
         sbuf = sbuf.to(device)
         src = sbuf[soff: soff + n * es].view(dtype)
         buf, dst, lo = guarded_dst(n, dtype, device, doff)
-        pairs.append((dst, src))
+        srcs.append(src)
+        dsts.append(dst)
         checks.append((buf, lo, n * es, src_bits.view(torch.uint8)))
-    assert recipes.copy_inputs(pairs, config=config) is None
+    assert recipes.copy_inputs(src=srcs, dst=dsts, config=config) is None
     for i, (buf, lo, nb, want) in enumerate(checks):
         got = buf.cpu()
         assert torch.equal(got[lo: lo + nb], want), f"pair {i} {specs[i]}: bytes differ"
@@ -121,7 +122,7 @@ def test_alignment_picks_units(device):
         src, dst = sb[soff:], db[doff:]
         if sb.data_ptr() % 16 == 0 and db.data_ptr() % 16 == 0:   # allocator-aligned bases
             checked.append(nb)
-            dsts, _, ns = CI._plan([(dst, src)])
+            dsts, _, ns = CI._plan([src], [dst])
             assert dsts[0].dtype == want, (doff, soff, nb, dsts[0].dtype)
             assert ns[0] * dsts[0].element_size() == nb
     assert len(checked) == 7
@@ -137,7 +138,7 @@ def test_shapes_differ_and_scalars(device):
     d0 = torch.zeros((1, 1), dtype=torch.bfloat16, device=device)
     same = random_bits(5, torch.int64, g).to(device)          # one source, two pairs
     d1, d2 = torch.zeros_like(same), torch.zeros_like(same)
-    recipes.copy_inputs([(dst, src), (d0, s0), (d1, same), (d2, same)])
+    recipes.copy_inputs(src=[src, s0, same, same], dst=[dst, d0, d1, d2])
     assert torch.equal(dst.view(torch.int32).cpu(), src.reshape(-1).view(torch.int32).cpu())
     assert torch.equal(d0.view(torch.int16).reshape(()).cpu(), s0.view(torch.int16).cpu())
     assert torch.equal(d1, same) and torch.equal(d2, same)
@@ -147,10 +148,11 @@ def test_empty_pairs_launch_nothing(device, monkeypatch):
     counter = CountingKernel(CI._copy_inputs_kernel)
     monkeypatch.setattr(CI, "_copy_inputs_kernel", counter)
     e = torch.empty(0, device=device)
-    recipes.copy_inputs([(e, torch.empty(0, device=device))])
-    recipes.copy_inputs([(torch.empty(0, 3, device=device), torch.empty(3, 0, device=device))])
+    recipes.copy_inputs(src=[torch.empty(0, device=device)], dst=[e])
+    recipes.copy_inputs(src=[torch.empty(3, 0, device=device)],
+                        dst=[torch.empty(0, 3, device=device)])
     assert counter.launches == 0
-    recipes.copy_inputs([(torch.empty(3, device=device), torch.ones(3, device=device))])
+    recipes.copy_inputs(src=[torch.ones(3, device=device)], dst=[torch.empty(3, device=device)])
     assert counter.launches == 1                         # the counter sees real launches
 
 
@@ -176,61 +178,64 @@ def test_every_config(device):
 def test_errors(device):
     a = torch.zeros(4, device=device)
     cp = recipes.copy_inputs
-    with pytest.raises(TypeError, match="pairs.*list or tuple.*Tensor"):
-        cp(a)
-    with pytest.raises(ValueError, match="pairs.*1 to 16.*got 0"):
-        cp([])
-    with pytest.raises(ValueError, match="pairs.*1 to 16.*got 17"):
-        cp([(a, a.clone())] * 17)
-    with pytest.raises(TypeError, match="pairs\\[0\\].*\\(dst, src\\) pair.*length 3"):
-        cp([(a, a, a)])
-    with pytest.raises(TypeError, match="pairs\\[1\\] src.*Tensor.*list"):
-        cp([(a, a.clone()), (a.clone(), [1, 2])])
-    with pytest.raises(TypeError, match="pairs\\[0\\].*one dtype.*float32 \\(dst\\).*"
-                                        "float16 \\(src\\)"):
-        cp([(a, a.half())])
-    with pytest.raises(ValueError, match="pairs\\[0\\].*same number of elements.*4 .*5 "):
-        cp([(a, torch.zeros(5, device=device))])
-    with pytest.raises(ValueError, match="pairs\\[0\\] src.*contiguous.*strides \\(2,\\)"):
-        cp([(a, torch.zeros(8, device=device)[::2])])
-    with pytest.raises(ValueError, match="pairs\\[0\\] dst.*contiguous"):
-        cp([(torch.zeros(2, 2, device=device).t(), torch.zeros(4, device=device))])
+    with pytest.raises(TypeError, match="src: expected a list or tuple.*Tensor"):
+        cp(src=a, dst=[a.clone()])
+    with pytest.raises(TypeError, match="dst: expected a list or tuple.*NoneType"):
+        cp(src=[a])
+    with pytest.raises(ValueError, match="src, dst: expected 1 to 16 pairs, got 0"):
+        cp(src=[], dst=[])
+    with pytest.raises(ValueError, match="src, dst: expected 1 to 16 pairs, got 17"):
+        cp(src=[a] * 17, dst=[a.clone() for _ in range(17)])
+    with pytest.raises(ValueError, match="src, dst: expected sequences of the same length.*"
+                                         "got 2 and 1"):
+        cp(src=[a, a], dst=[a.clone()])
+    with pytest.raises(TypeError, match="dst\\[1\\].*Tensor.*list"):
+        cp(src=[a, a], dst=[a.clone(), [1, 2]])
+    with pytest.raises(TypeError, match="dst\\[0\\]: expected the dtype of src\\[0\\], "
+                                        "float16, got float32"):
+        cp(src=[a.half()], dst=[a.clone()])
+    with pytest.raises(ValueError, match="dst\\[0\\]: expected the number of elements of "
+                                         "src\\[0\\], 5 .*got 4 "):
+        cp(src=[torch.zeros(5, device=device)], dst=[a.clone()])
+    with pytest.raises(ValueError, match="src\\[0\\].*contiguous.*strides \\(2,\\)"):
+        cp(src=[torch.zeros(8, device=device)[::2]], dst=[a.clone()])
+    with pytest.raises(ValueError, match="dst\\[0\\].*contiguous"):
+        cp(src=[torch.zeros(4, device=device)], dst=[torch.zeros(2, 2, device=device).t()])
     with pytest.raises(ValueError, match="config.*unknown keys.*BLOCK"):
-        cp([(a, a.clone())], config={"BLOCK_BYTES": 1})
-    with pytest.raises(ValueError, match="pairs\\[0\\] src.*expected a tensor on .*meta"):
-        cp([(a, a.to("meta"))])
+        cp(src=[a], dst=[a.clone()], config={"BLOCK_BYTES": 1})
+    with pytest.raises(ValueError, match="dst\\[0\\]: expected a tensor on .*meta"):
+        cp(src=[a], dst=[a.to("meta")])
     if ON_GPU:
-        with pytest.raises(ValueError, match="pairs\\[0\\] src.*cuda.*cpu"):
-            cp([(a, a.cpu())])
+        with pytest.raises(ValueError, match="dst\\[0\\]: expected a tensor on cuda.*cpu"):
+            cp(src=[a], dst=[a.cpu()])
 
 
 def _cp(build):
-    """A call on a buffer of 12 float32: build(buf) -> (pairs, config)."""
+    """A call on a buffer of 12 float32: build(buf) -> (src list, dst list, config)."""
     def call(dev):
-        pairs, cfg = build(torch.zeros(12, device=dev))
-        return recipes.copy_inputs(pairs, config=cfg)
+        src, dst, cfg = build(torch.zeros(12, device=dev))
+        return recipes.copy_inputs(src=src, dst=dst, config=cfg)
     return call
 
 
 BAD = [
-    bad("BLOCK=100", _cp(lambda b: ([(b[:4], b[4:8])], {"BLOCK": 100})), ValueError,
+    bad("BLOCK=100", _cp(lambda b: ([b[4:8]], [b[:4]], {"BLOCK": 100})), ValueError,
         r"config\['BLOCK'\]: expected one of \(64, 128, .*4096\).*got 100"),
-    bad("TILES=3", _cp(lambda b: ([(b[:4], b[4:8])], {"TILES": 3})), ValueError,
+    bad("TILES=3", _cp(lambda b: ([b[4:8]], [b[:4]], {"TILES": 3})), ValueError,
         r"config\['TILES'\].*\(1, 2, 4, 8\).*got 3"),
-    bad("num_warps=32", _cp(lambda b: ([(b[:4], b[4:8])], {"num_warps": 32})), ValueError,
+    bad("num_warps=32", _cp(lambda b: ([b[4:8]], [b[:4]], {"num_warps": 32})), ValueError,
         r"config\['num_warps'\].*got 32"),
-    bad("num_stages=2", _cp(lambda b: ([(b[:4], b[4:8])], {"num_stages": 2})), ValueError,
+    bad("num_stages=2", _cp(lambda b: ([b[4:8]], [b[:4]], {"num_stages": 2})), ValueError,
         r"config\['num_stages'\].*\(1,\).*got 2"),
-    bad("dst is its src", _cp(lambda b: ([(b[:4], b[:4])], None)), ValueError,
-        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
-    bad("dst half over its src", _cp(lambda b: ([(b[2:6], b[:4])], None)), ValueError,
-        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
-    bad("two dsts overlap", _cp(lambda b: ([(b[:4], b[8:12]), (b[2:6], b[8:12])], None)),
-        ValueError, r"pairs\[0\] dst: expected a tensor that shares no memory with "
-        r"pairs\[1\] dst"),
-    bad("dst is another pair's src", _cp(lambda b: ([(b[:4], b[4:8]), (b[8:12], b[:4])],
+    bad("dst is its src", _cp(lambda b: ([b[:4]], [b[:4]], None)), ValueError,
+        r"dst\[0\]: expected a tensor that shares no memory with src\[0\]"),
+    bad("dst half over its src", _cp(lambda b: ([b[:4]], [b[2:6]], None)), ValueError,
+        r"dst\[0\]: expected a tensor that shares no memory with src\[0\]"),
+    bad("two dsts overlap", _cp(lambda b: ([b[8:12], b[8:12]], [b[:4], b[2:6]], None)),
+        ValueError, r"dst\[0\]: expected a tensor that shares no memory with dst\[1\]"),
+    bad("dst is another pair's src", _cp(lambda b: ([b[4:8], b[:4]], [b[:4], b[8:12]],
                                                     None)), ValueError,
-        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[1\] src"),
+        r"dst\[0\]: expected a tensor that shares no memory with src\[1\]"),
 ]
 
 
@@ -245,7 +250,7 @@ def test_pruned_config_shared_src_and_adjacent_pairs(device):
     assert not CI.constraint(cfg, CI.tune_key(3, 40))
     buf = torch.zeros(30, device=device)
     src = torch.arange(10, dtype=torch.float32, device=device)
-    recipes.copy_inputs([(buf[:10], src), (buf[10:20], src), (buf[20:], src + 1)],
+    recipes.copy_inputs(src=[src, src, src + 1], dst=[buf[:10], buf[10:20], buf[20:]],
                         config=cfg)
     assert_equal(buf, torch.cat([src, src, src + 1]), "adjacent dsts")
 
@@ -257,10 +262,9 @@ def test_cuda_graph_capture(device):
              (torch.bfloat16, 2048), (torch.float16, 1), (torch.int64, 3), (torch.float32, 999)]
     srcs = [random_bits(n, dt, g).to(device) for dt, n in specs]
     dsts = [torch.zeros_like(s) for s in srcs]
-    pairs = list(zip(dsts, srcs, strict=True))
-    recipes.copy_inputs(pairs)                      # compile outside the capture
+    recipes.copy_inputs(src=srcs, dst=dsts)         # compile outside the capture
     torch.cuda.synchronize()
-    graph, allocated = capture(lambda: recipes.copy_inputs(pairs))
+    graph, allocated = capture(lambda: recipes.copy_inputs(src=srcs, dst=dsts))
     assert allocated <= 0, f"the capture allocated {allocated} bytes"
     for seed in (8, 9):
         g = torch.Generator().manual_seed(seed)

@@ -230,18 +230,22 @@ def test_copy_inputs_op(device):
     dsts = [torch.zeros_like(s) for s in srcs]
 
     def step(d0, d1, d2, s0, s1, s2):
-        ops.copy_inputs([(d0, s0), (d1, s1), (d2, s2)])
+        ops.copy_inputs(src=[s0, s1, s2], dst=[d0, d1, d2])
 
     compiled(step)(*dsts, *srcs)
     for i, (d, s) in enumerate(zip(dsts, srcs, strict=False)):
         assert_equal(d.view(torch.uint8) if d.dtype == torch.bfloat16 else d,
                      s.view(torch.uint8) if s.dtype == torch.bfloat16 else s, f"pair {i}")
     opcheck(torch.ops.spec_cookbook.copy_inputs.default,
-            ([torch.zeros_like(s) for s in srcs[:2]], srcs[:2]))
-    with pytest.raises(ValueError, match="dsts, srcs.*same length.*1 and 2"):
-        torch.ops.spec_cookbook.copy_inputs(dsts[:1], srcs[:2])
-    with pytest.raises(TypeError, match="pairs\\[0\\].*\\(dst, src\\) pair"):
-        ops.copy_inputs([dsts[0]])
+            (srcs[:2], [torch.zeros_like(s) for s in srcs[:2]]))
+    with pytest.raises(ValueError, match="src, dst.*same length.*2 and 1"):
+        torch.ops.spec_cookbook.copy_inputs(srcs[:2], dsts[:1])
+    with pytest.raises(TypeError, match="copy_inputs: expected keyword arguments src=.* "
+                                        "and dst="):
+        ops.copy_inputs([(dsts[0], srcs[0])])
+    with pytest.raises(TypeError, match="dst: expected a list or tuple of tensors, got "
+                                        "Tensor"):
+        ops.copy_inputs(src=[srcs[0]], dst=dsts[0])
 
 
 # --- bad inputs through the ops -------------------------------------------------------
@@ -273,8 +277,8 @@ BAD = [
                                                             (_i64(d, 2), p)]))(_i64(d, 5)),
         ValueError, r"fields\[[01]\] dst: expected a tensor that shares no memory"),
     bad("copy_inputs dst is src",
-        lambda d: (lambda a: ops.copy_inputs([(a, a)]))(_i64(d, 4)), ValueError,
-        r"pairs\[0\] dst: expected a tensor that shares no memory with pairs\[0\] src"),
+        lambda d: (lambda a: ops.copy_inputs(src=[a], dst=[a]))(_i64(d, 4)), ValueError,
+        r"dst\[0\]: expected a tensor that shares no memory with src\[0\]"),
 ]
 
 

@@ -118,9 +118,8 @@ def _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
                          f"(one per request state), got {tuple(seed.shape)}")
     C.check_runnable("target_logits", x)
     C.check_logits_rows("target_logits", x)
-    K = num_speculative_steps
-    if isinstance(K, bool) or not isinstance(K, int) or K < 0:
-        raise ValueError(f"num_speculative_steps: expected an int >= 0, got {K!r}")
+    K = C.check_int("num_speculative_steps", num_speculative_steps, 0, C.MAX_BLOCK - 1,
+                    why="a request's K + 1 tokens are one Triton block")
     controls = [n for n, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))
                 if v is not None]
     if controls and not apply_temperature:

@@ -102,9 +102,8 @@ def _validate(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
     if cu_num_draft_tokens.shape[0] != B:
         raise ValueError(f"cu_num_draft_tokens: expected shape ({B},) (len(num_draft_tokens)"
                          f"), got {tuple(cu_num_draft_tokens.shape)}")
-    if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) \
-            or max_spec_len < 0:
-        raise ValueError(f"max_spec_len: expected an int >= 0, got {max_spec_len!r}")
+    C.check_int("max_spec_len", max_spec_len, 0, C.MAX_BLOCK - 1,
+                why="a request's max_spec_len + 1 tokens are one Triton block")
     C.check_tensor("bonus_token_ids", bonus_token_ids, dtypes=C.INDEX_DTYPES, ndim=(1, 2),
                    device=dev)
     if tuple(bonus_token_ids.shape) not in ((B, 1), (B,)):
@@ -173,7 +172,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
         synthetic_conditional_rates, fly_window_size, seeds, positions, apply_temperature)
-    W, dev = max_spec_len + 1, target_logits.device
+    W, dev = int(max_spec_len) + 1, target_logits.device          # (checked: an integer)
     if out is None:
         out = torch.empty((B, W), dtype=torch.int32, device=dev)
     else:
@@ -189,7 +188,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         return out
     cfg = RG.resolve_config(config, target_logits.dtype, V, N, sampling is not None, dev)
     RG.launch(target_logits, cu_num_draft_tokens, draft_token_ids, out, cfg, B=B, width=W,
-              maxrows=max_spec_len, v1=True, bonus=bonus, sampling=sampling,
+              maxrows=W - 1, v1=True, bonus=bonus, sampling=sampling,
               apply_temperature=apply_temperature)
     return out
 
