@@ -40,7 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from .registry import key_str
+from recipes._tuning import key_str
+
 from .tables import device_info, versions, write_json_atomic, write_text_atomic
 from .tune.budget import GUESS
 from .tune.device import select_device

@@ -221,7 +221,7 @@ class Shape:
     def _setup(self, B, N, V, dtype, device, sampled: bool, sets):
         """What every stage shape holds (its key, the op's tensor, the stage kernels'
         token and per-program outputs); returns `sets` input sets of
-        `chain_verify.make_inputs` (default: the bench's rotation)."""
+        `autotune.suites.chain_verify.make_inputs` (default: the bench's rotation)."""
         self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
         self.only = None                  # the stages to time (None: every one)
         self.key = CV.tune_key(dtype, V, B, N - 1, sampled=sampled)
@@ -233,7 +233,8 @@ class Shape:
         # one slot a program of the largest grid
         self.slots = torch.empty(rows * max(SPLIT_SPACE["SPLIT"]), dtype=torch.int64,
                                  device=device)
-        return [CV.make_inputs(self.key, device, seed=i) for i in range(sets)]
+        from autotune.suites.chain_verify import make_inputs
+        return [make_inputs(self.key, device, seed=i) for i in range(sets)]
 
     def label(self) -> str:
         return f"B={self.B} N={self.N} V={self.V} {str(self.dtype).replace('torch.', '')}"

@@ -211,7 +211,7 @@ def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tu
     """Entries for a rewritten table: the new ones, plus old entries for other keys when
     the old table was made by the same kernels over the same space on the same kind of
     device (else they are stale and dropped). Returns (entries, old entries dropped)."""
-    from recipes.tuning import key_str
+    from recipes._tuning import key_str
 
     new_keys = {key_str(e["key"]) for e in new_entries}
     kept, dropped = [], 0
@@ -235,7 +235,7 @@ def previous_configs(path: Path, tunable, device: torch.device, slug: str) -> di
     """{key_str: config} of the table already at `path`, when that table was made over
     the same space on the same kind of device (its kernels may differ: the tuner
     re-checks and re-times a config before it can be kept); else {}."""
-    from recipes.tuning import key_str
+    from recipes._tuning import key_str
 
     old = _read_or_none(path)
     oh = (old or {}).get("header") or {}

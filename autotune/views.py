@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recipes._tuning import key_str
 from recipes.tables import MIN_GAIN, gains_enough, results_root
 
-from .registry import key_str
 from .tables import FORMAT, read_table
 
 _SKIP = {"key", "config", "heuristic_config", "wrong_configs", "study"}
@@ -140,14 +140,16 @@ def dispatch_text(slug: str, recipes: list[str] | None = None) -> list[str]:
     """Which table dispatch reads for each recipe on GPU `slug`, and the folders it
     looks in (`recipes.tables.search_roots`, first match wins)."""
     from recipes import tables as dispatch
-    from recipes.tuning import all_tunings
 
-    names = [t.name for t in all_tunings()] if not recipes else recipes
+    from .registry import tunables
+
+    known = tunables()
+    names = list(known) if not recipes else recipes
     out = [f"== dispatch on GPU {slug!r}: tables are looked up in "
            + ", then ".join(str(r) for r in dispatch.search_roots()) + " =="]
     for name in names:
         try:
-            path, n = dispatch.table_in_use(slug, name)
+            path, n = dispatch.table_in_use(slug, known[name].tuning)
         except Exception as exc:  # noqa: BLE001
             out.append(f"   {name}: cannot tell ({type(exc).__name__}: {exc})")
             continue

@@ -8,7 +8,8 @@ Where tables are found, first match wins (`search_roots`):
   2. the tables shipped with the package (`shipped_root`): `recipes/results/` in an
      installed wheel, `results/` of a source checkout.
 
-A recipe asks `resolve(recipe, key, heuristic, device)` at call time. The table of the
+A recipe asks `resolve(tuning, key, device)` at call time (`tuning`: its `TUNING`,
+`recipes/_tuning.py`). The table of the
 device's GPU is read once per process; the exact key wins, else, for a key between
 nearby tuned keys in every field (never beyond them), a nearby tuned key whose config
 the table records as measured no slower than the heuristic at this key's tuned
@@ -32,6 +33,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from ._tuning import Tuning, key_str
 
 RESULTS_ENV = "SPEC_COOKBOOK_RESULTS"
 INTERPRETER_SLUG = "cpu-interpreter"
@@ -120,12 +123,11 @@ def load_table(path: Path) -> dict:
     return data
 
 
-def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
+def _checked_entries(slug: str, tuning: Tuning, path: Path, data: dict) -> list:
     """The usable entries of a parsed table, as (key, config, keys where the config was
     measured no slower than the heuristic, the heuristic's config at the key or None, the
     config's recorded speedup over that heuristic or None)."""
-    from .tuning import get, key_str
-
+    recipe = tuning.name
     tk = (slug, recipe)
     header = data.get("header")
     header = header if isinstance(header, dict) else {}
@@ -140,9 +142,6 @@ def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
                 e.get("speedup_vs_heuristic") if _numeric(e.get("speedup_vs_heuristic"))
                 else None)
                for e in data["entries"]]
-    tuning = get(recipe)
-    if tuning is None:
-        return entries
     retune = f"re-run `python -m autotune tune --recipe {recipe}`; using heuristic configs"
     want = tuning.space_hash()
     if header.get("space_hash") != want:
@@ -164,14 +163,14 @@ def _checked_entries(slug: str, recipe: str, path: Path, data: dict) -> list:
     return good
 
 
-def _table(slug: str, recipe: str):
-    tk = (slug, recipe)
+def _table(slug: str, tuning: Tuning):
+    tk = (slug, tuning.name)
     t = _TABLES.get(tk)
     if t is None:
-        entries, path = [], find_table(slug, recipe)
+        entries, path = [], find_table(slug, tuning.name)
         if path is not None:
             try:
-                entries = _checked_entries(slug, recipe, path, load_table(path))
+                entries = _checked_entries(slug, tuning, path, load_table(path))
             except Exception as exc:  # noqa: BLE001 - any damage means "no table"
                 _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path} "
                                f"({type(exc).__name__}: {exc}); using heuristic configs")
@@ -180,9 +179,9 @@ def _table(slug: str, recipe: str):
     return t
 
 
-def table_in_use(slug: str, recipe: str) -> tuple[Path | None, int]:
+def table_in_use(slug: str, tuning: Tuning) -> tuple[Path | None, int]:
     """(the file dispatch reads for this GPU and recipe, how many entries it uses)."""
-    t = _table(slug, recipe)
+    t = _table(slug, tuning)
     return t["path"], len(t["entries"])
 
 
@@ -264,8 +263,6 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=Non
     `key` would otherwise run. Either way only a config that `gains_enough` at its own
     key. Else None (the heuristic). `entries`: (key, config, no_slower_at key
     strings[, the heuristic's config at the key[, the config's speedup over it]])."""
-    from .tuning import key_str
-
     near = []
     for e in entries:
         d = key_distance(key, e[0], max_field)
@@ -289,7 +286,7 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=Non
     return None
 
 
-def lookup(recipe: str, key: dict, device: torch.device, heuristic=None):
+def lookup(tuning: Tuning, key: dict, device: torch.device, heuristic=None):
     """The tuned config for `key` on `device`'s GPU (exact key, else nearest; `heuristic`:
     the heuristic's config at `key`, see `nearest`), or None. Only CUDA devices have
     tables; under the interpreter this is always None."""
@@ -298,57 +295,59 @@ def lookup(recipe: str, key: dict, device: torch.device, heuristic=None):
     try:
         slug = gpu_slug(device)
     except Exception as exc:  # noqa: BLE001 - dispatch never fails a call
-        _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
-                                       f"{recipe} ({exc}); using heuristic configs")
+        _warn_once((tuning.name, "lookup"), f"spec-cookbook: tuned-table lookup failed "
+                                            f"for {tuning.name} ({exc}); using heuristic "
+                                            "configs")
         return None
-    return lookup_slug(slug, recipe, key, heuristic)
+    return lookup_slug(slug, tuning, key, heuristic)
 
 
-def lookup_slug(slug: str, recipe: str, key: dict, heuristic=None):
+def lookup_slug(slug: str, tuning: Tuning, key: dict, heuristic=None):
     """`lookup` for the tables of GPU `slug` (what tests and tools call)."""
     try:
         # no cache of its own: `resolve` caches what a call runs (bounded), and a lookup
         # is a scan of a few dozen entries
-        t = _table(slug, recipe)
+        t = _table(slug, tuning)
         return nearest(t["entries"], key, heuristic=heuristic) if t["entries"] else None
     except Exception as exc:  # noqa: BLE001 - dispatch never fails a call
-        _warn_once((recipe, "lookup"), f"spec-cookbook: tuned-table lookup failed for "
-                                       f"{recipe} ({exc}); using heuristic configs")
+        _warn_once((tuning.name, "lookup"), f"spec-cookbook: tuned-table lookup failed "
+                                            f"for {tuning.name} ({exc}); using heuristic "
+                                            "configs")
         return None
 
 
 # --- what a call with config=None runs: cached, traceable, overridable -----------------
-_RESOLVED: dict = {}      # (recipe, device type, index, heuristic, key items) -> config
+_RESOLVED: dict = {}      # (tuning, device type, index, key items) -> config
 _RESOLVED_MAX = 4096
 _FORCE_HEURISTIC = False
 _TRACE: list | None = None
 
 
-def resolve(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
+def resolve(tuning: Tuning, key: dict, device: torch.device) -> dict:
     """The config a `config=None` call runs: the tuned config of the nearest key for
-    `device`'s GPU (`lookup`), else `heuristic(key, device)`. Cached per (recipe, device,
-    heuristic, key), so a repeated call costs one dict lookup; `clear_cache()` forgets.
+    `device`'s GPU (`lookup`), else `tuning.heuristic(key, device)`. Cached per (tuning,
+    device, key), so a repeated call costs one dict lookup; `clear_cache()` forgets.
     Returns the cached dict itself: callers copy it before changing it."""
     if _FORCE_HEURISTIC or _TRACE is not None:
-        return _resolve_now(recipe, key, heuristic, device)
+        return _resolve_now(tuning, key, device)
     try:
-        ck = (recipe, device.type, device.index, heuristic, tuple(key.items()))
+        ck = (tuning, device.type, device.index, tuple(key.items()))
         cfg = _RESOLVED.get(ck)
     except TypeError:                       # an unhashable key value: no caching
-        return _resolve_now(recipe, key, heuristic, device)
+        return _resolve_now(tuning, key, device)
     if cfg is None:
-        cfg = _resolve_now(recipe, key, heuristic, device)
+        cfg = _resolve_now(tuning, key, device)
         if len(_RESOLVED) >= _RESOLVED_MAX:
             _RESOLVED.clear()
         _RESOLVED[ck] = cfg
     return cfg
 
 
-def _resolve_now(recipe, key, heuristic, device) -> dict:
-    fallback = heuristic(key, device)
-    tuned = None if _FORCE_HEURISTIC else lookup(recipe, key, device, fallback)
+def _resolve_now(tuning: Tuning, key, device) -> dict:
+    fallback = tuning.heuristic(key, device)
+    tuned = None if _FORCE_HEURISTIC else lookup(tuning, key, device, fallback)
     if _TRACE is not None:
-        _TRACE.append((recipe, dict(key), None if tuned is None else dict(tuned)))
+        _TRACE.append((tuning.name, dict(key), None if tuned is None else dict(tuned)))
     return dict(tuned) if tuned is not None else fallback
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import ON_GPU  # noqa: F401  (re-exported)
 
-from autotune.registry import bits  # the tuner's correctness check compares these too
+from autotune.bitwise import bits  # the tuner's correctness check compares these too
 
 
 class CountingKernel:

@@ -1,13 +1,17 @@
 """The registry and the tuner's planning (no kernels run)."""
+import dataclasses
+
 import pytest
 import torch
 from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import registry
-from autotune.registry import Tunable, key_str, outputs_equal
+from autotune.bitwise import outputs_equal
 from autotune.tune.options import Options, resolve
 from autotune.tune.plan import keys_for, plan
 from autotune.tune.search import Encoding, config_id, is_ordinal, order_configs
+from recipes._source_hash import code_text, source_texts
+from recipes._tuning import Tuning, key_str
 
 
 def test_fake_is_registered_and_recipes_register_themselves(fake):
@@ -37,11 +41,10 @@ def test_heuristics_pick_admitted_configs_at_every_default_key(monkeypatch):
     recipes, whose constraints are static limits, the constraint admits it too (copy_inputs'
     and the short kernels' constraints also prune configs that run like a smaller one)."""
     from recipes import _common as C
-    from recipes.tuning import all_tunings
 
     for sms in (78, 132):
         monkeypatch.setattr(C, "sm_count", lambda device, sms=sms: sms)
-        for tn in all_tunings():
+        for tn in registry.tunables().values():
             for preset in ("smoke", "gpu"):
                 for key in tn.default_keys(preset):
                     heur = tn.heuristic(key, torch.device("cpu"))
@@ -69,9 +72,10 @@ def test_configs_apply_the_constraint(fake):
 def test_hashes_and_keys(fake):
     F = fake
     t = F.SCALE
-    t2 = Tunable(**{**t.__dict__, "space": {**t.space, "S": (1, 2, 3)}})
+    t2 = dataclasses.replace(t, tuning=dataclasses.replace(
+        t.tuning, space={**t.space, "S": (1, 2, 3)}))
     assert t.space_hash() != t2.space_hash()
-    assert t.space_hash() == Tunable(**t.__dict__).space_hash()
+    assert t.space_hash() == dataclasses.replace(t.tuning).space_hash()
     assert len(t.source_hash()) == 16
     assert key_str({"V": 3, "dtype": "x", "B": 1}) == "B=1,V=3,dtype=x"
     assert outputs_equal((torch.ones(2), None), (torch.ones(2), None))
@@ -151,11 +155,8 @@ def _code_c(x):
 
 def test_source_hash_follows_code_not_docstrings():
     def hash_of(fn):
-        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
-                       reference=None, bytes_moved=None, default_keys=None,
-                       sources=(fn,)).source_hash()
+        return Tuning(name="h", space={}, heuristic=None, sources=(fn,)).source_hash()
 
-    from recipes.tuning import code_text
     assert code_text(_code_a).replace("_code_a", "f") == code_text(_code_b).replace("_code_b", "f")
     assert hash_of(_code_a) != hash_of(_code_c)
     assert hash_of(_code_a) == hash_of(_code_a)
@@ -189,7 +190,6 @@ def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
     import importlib.util
     import sys
 
-    from recipes.tuning import source_texts
 
     def kernel_with(i, step):
         path = tmp_path / f"kern_{i}.py"
@@ -201,9 +201,7 @@ def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
         return mod.kernel
 
     def hash_of(fn):
-        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
-                       reference=None, bytes_moved=None, default_keys=None,
-                       sources=(fn,)).source_hash()
+        return Tuning(name="h", space={}, heuristic=None, sources=(fn,)).source_hash()
 
     one, one_again, two = kernel_with(0, "1"), kernel_with(1, "1  "), kernel_with(2, "2")
     assert len(source_texts([one])) == 3            # kernel, _middle, _leaf

@@ -8,9 +8,10 @@ import torch
 from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import tables
+from autotune.registry import tunables
 from recipes import tables as dispatch
+from recipes._tuning import key_str
 from recipes.tables import inside_tuned, key_distance, lookup, lookup_slug, nearest
-from recipes.tuning import key_str
 
 
 @pytest.fixture
@@ -160,20 +161,20 @@ def test_dispatch_exact_then_nearest(results, fake):
            [_entry(K64, C1, no_slower_at=[K256]), _entry(K256, C2, no_slower_at=[K64])])
     with warnings.catch_warnings():
         warnings.simplefilter("error")            # a good table warns nothing
-        assert lookup_slug("test-gpu", "fake_scale", K64) == C1
-        assert lookup_slug("test-gpu", "fake_scale", K256) == C2
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K256) == C2
         # N=128 lies within a factor 2 of both tuned keys, and each config held up at the
         # other key: the nearer one's is lent; N=100 and N=200 have one tuned key near
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 128}) == C1
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 100}) is None
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "N": 200}) is None
-        assert lookup_slug("test-gpu", "fake_scale", {**K64, "dtype": "float16"}) is None
-        assert lookup_slug("other-gpu", "fake_scale", K64) is None              # no table
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "N": 128}) == C1
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "N": 100}) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "N": 200}) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "dtype": "float16"}) is None
+        assert lookup_slug("other-gpu", fake.SCALE.tuning, K64) is None              # no table
         # the table is read once per process
         os.unlink(tables.table_path(results, "test-gpu", "fake_scale"))
-        assert lookup_slug("test-gpu", "fake_scale", K256) == C2
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K256) == C2
     # CPU tensors never dispatch from a table
-    assert lookup("fake_scale", K64, torch.device("cpu")) is None
+    assert lookup(fake.SCALE.tuning, K64, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize("damage", ["garbage", "no-entries", "bad-entry", "empty"])
@@ -183,10 +184,10 @@ def test_corrupt_table_warns_once_and_falls_back(results, fake, damage):
     path.write_text({"garbage": "{not json", "no-entries": '{"header": {}}',
                      "bad-entry": '{"entries": [{"key": 1}]}', "empty": ""}[damage])
     with pytest.warns(RuntimeWarning, match="ignoring the tuned table"):
-        assert lookup_slug("test-gpu", "fake_scale", K64) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")            # only once
-        assert lookup_slug("test-gpu", "fake_scale", K256) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K256) is None
 
 
 def test_recipe_falls_back_to_heuristic_on_corrupt_table(results):
@@ -198,20 +199,20 @@ def test_recipe_falls_back_to_heuristic_on_corrupt_table(results):
     path.parent.mkdir(parents=True)
     path.write_text("[1, 2")
     key = {"dtype": "float32", "V": 100, "R": 2}
-    heur = importlib.import_module("recipes.argmax").heuristic
+    A = importlib.import_module("recipes.argmax")
     with pytest.warns(RuntimeWarning):
-        assert dispatch.lookup_slug("h200", "argmax", key) is None
-    assert C.pick_config("argmax", key, heur, torch.device("cpu")) == \
-        heur(key, torch.device("cpu"))
+        assert dispatch.lookup_slug("h200", A.TUNING, key) is None
+    assert C.pick_config(A.TUNING, key, torch.device("cpu")) == \
+        A.heuristic(key, torch.device("cpu"))
 
 
 def test_space_change_ignores_table_with_one_warning(results, fake):
     _write(results, "test-gpu", fake.SCALE, [_entry(K64, C1)], space_hash="0123456789abcdef")
     with pytest.warns(RuntimeWarning, match="another search space"):
-        assert lookup_slug("test-gpu", "fake_scale", K64) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert lookup_slug("test-gpu", "fake_scale", K256) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K256) is None
 
 
 def test_invalid_configs_are_dropped_with_one_warning(results, fake):
@@ -221,14 +222,14 @@ def test_invalid_configs_are_dropped_with_one_warning(results, fake):
            [_entry({**K64, "N": 60}, bad_choice), _entry(K64, rejected),
             _entry(K256, C2)])
     with pytest.warns(RuntimeWarning, match="2 of 3 entries"):
-        got = lookup_slug("test-gpu", "fake_scale", K256)
+        got = lookup_slug("test-gpu", fake.SCALE.tuning, K256)
     assert got == C2                                      # the valid entry is kept
 
 
 def test_interpreter_tables_are_not_used_on_a_gpu(results, fake):
     _write(results, "test-gpu", fake.SCALE, [_entry(K64, C1)], interpreter=True)
     with pytest.warns(RuntimeWarning, match="Triton interpreter"):
-        assert lookup_slug("test-gpu", "fake_scale", K64) is None
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) is None
 
 
 def test_header_fields(fake):
@@ -306,11 +307,9 @@ def test_committed_tables_match_the_kernels_they_tune():
     tuned ones. A kernel change must come with its recipe's retune."""
     from pathlib import Path
 
-    from recipes.tuning import all_tunings
-
     root = Path(__file__).resolve().parent.parent / "results"
     checked = 0
-    for t in all_tunings():
+    for t in tunables().values():
         for path in sorted(root.glob(f"*/{t.name}.json")):
             if path.parent.name == dispatch.INTERPRETER_SLUG:
                 continue

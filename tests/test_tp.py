@@ -256,23 +256,3 @@ def test_group_backend_must_serve_the_device(monkeypatch, device):
     with pytest.raises(ValueError, match="group: expected a process group this rank "
                                          "belongs to"):
         tp.argmax(x, vocab_start=0, vocab_size=100)
-
-
-def test_bench_case_list_runs(device):
-    """The tp bench suite: every smoke case builds and every variant runs on it, the
-    per-rank keys being the shard's own (pack of its best column at global ids)."""
-    from autotune.registry import benches
-
-    suite = benches()["tp"]
-    cases = suite.cases("smoke")
-    assert {c.label["mode"] for c in cases} == {"greedy", "sampled"}
-    assert len(suite.cases("full")) == 2 * 2 * 3 * 4
-    for case in cases:
-        s = case.make(device, 0)
-        for v in case.variants.values():
-            v.fn(s)
-        if case.label["mode"] == "greedy":
-            idx = 0x7FFFFFFF - (s["keys"] & 0xFFFFFFFF)
-            want = torch.argmax(s["local"].reshape(s["keys"].shape[0], -1), 1) + s["vs"]
-            assert_equal(idx, want, "shard argmax")
-        assert case.label["keys_bytes"] < case.label["gather_bytes"]

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recipes._tuning import key_str
+
 from .. import registry
-from ..registry import Tunable, key_str
+from ..declare import Tunable
 from .options import Options
 from .search import config_id, order_configs, space_config
 

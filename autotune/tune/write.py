@@ -27,9 +27,9 @@ import datetime as _dt
 import statistics
 from pathlib import Path
 
+from recipes._tuning import key_str
 from recipes.tables import MIN_GAIN
 
-from ..registry import key_str
 from ..tables import FORMAT, table_path, update_table, write_json_atomic
 from ..timing import Timing
 from .measure import Measurer, error_text
