@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipes._tuning import key_str
-from recipes.tables import MIN_GAIN, gains_enough, results_root
+from recipes.tables import MIN_GAIN, Entry, gains_enough, results_root
 
 from .tables import FORMAT, read_table
 
@@ -62,9 +62,7 @@ def _rows(data: dict):
 def _entry_note(e: dict) -> str:
     """Where the config came from, and whether dispatch runs it (`gains_enough`)."""
     note = _CHOSEN.get(e.get("chosen_from"), e.get("chosen_from") or "")
-    heur = e.get("heuristic_config") if isinstance(e.get("heuristic_config"), dict) else None
-    entry = (e["key"], e["config"], (), heur, e.get("speedup_vs_heuristic"))
-    if not gains_enough(entry):
+    if not gains_enough(Entry.from_json(e)):
         note += f" (gain < {MIN_GAIN:.0%}: dispatch runs the heuristic)"
     return note
 

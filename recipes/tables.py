@@ -31,6 +31,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -101,7 +102,7 @@ def gpu_slug(device: torch.device | None = None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
-_TABLES: dict = {}        # (slug, recipe) -> {"entries": [(key, config)]}
+_TABLES: dict = {}        # (slug, recipe) -> {"entries": [Entry], "path": Path | None}
 _WARNED: set = set()
 
 
@@ -109,6 +110,27 @@ def _warn_once(tag, msg: str) -> None:
     if tag not in _WARNED:
         _WARNED.add(tag)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+class Entry(NamedTuple):
+    """A table entry as dispatch uses it (the JSON entry's fields of the same names;
+    `autotune/tables.py` documents them)."""
+    key: dict
+    config: dict
+    no_slower_at: frozenset = frozenset()   # key strings where `config` was measured no
+    #                                         slower than the heuristic there
+    heuristic_config: dict | None = None    # the heuristic's config at `key`, if recorded
+    speedup_vs_heuristic: float | None = None   # `config`'s recorded speedup over it
+
+    @classmethod
+    def from_json(cls, e: dict) -> Entry:
+        """The entry of a parsed table entry (fields of the wrong type read as absent)."""
+        heur, speedup = e.get("heuristic_config"), e.get("speedup_vs_heuristic")
+        return cls(e["key"], e["config"],
+                   frozenset(key_str(k) for k in e.get("no_slower_at") or ()
+                             if isinstance(k, dict)),
+                   heur if isinstance(heur, dict) else None,
+                   speedup if _numeric(speedup) else None)
 
 
 def load_table(path: Path) -> dict:
@@ -124,9 +146,7 @@ def load_table(path: Path) -> dict:
 
 
 def _checked_entries(slug: str, tuning: Tuning, path: Path, data: dict) -> list:
-    """The usable entries of a parsed table, as (key, config, keys where the config was
-    measured no slower than the heuristic, the heuristic's config at the key or None, the
-    config's recorded speedup over that heuristic or None)."""
+    """The usable entries of a parsed table (`Entry`)."""
     recipe = tuning.name
     tk = (slug, recipe)
     header = data.get("header")
@@ -135,13 +155,7 @@ def _checked_entries(slug: str, tuning: Tuning, path: Path, data: dict) -> list:
         _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was made under "
                        "the Triton interpreter; using heuristic configs")
         return []
-    entries = [(e["key"], e["config"],
-                frozenset(key_str(k) for k in e.get("no_slower_at") or () if isinstance(k, dict)),
-                e.get("heuristic_config") if isinstance(e.get("heuristic_config"), dict)
-                else None,
-                e.get("speedup_vs_heuristic") if _numeric(e.get("speedup_vs_heuristic"))
-                else None)
-               for e in data["entries"]]
+    entries = [Entry.from_json(e) for e in data["entries"]]
     retune = f"re-run `python -m autotune tune --recipe {recipe}`; using heuristic configs"
     want = tuning.space_hash()
     if header.get("space_hash") != want:
@@ -155,7 +169,7 @@ def _checked_entries(slug: str, tuning: Tuning, path: Path, data: dict) -> list:
                        f"other kernel source (source hash {header.get('source_hash')!r}, "
                        f"the recipe's is {src!r}); {retune}")
         return []
-    good = [e for e in entries if tuning.admits(e[1], e[0])]
+    good = [e for e in entries if tuning.admits(e.config, e.key)]
     if len(good) != len(entries):
         _warn_once(tk, f"spec-cookbook: ignoring {len(entries) - len(good)} of "
                        f"{len(entries)} entries of the tuned table {path}: their config is "
@@ -226,8 +240,8 @@ def inside_tuned(entries, key: dict) -> bool:
     heuristic; so was one lent from near keys on one side only (V = 129280 from
     V = 151936, the next tuned vocabulary below being 32000): `nearest` asks this of the
     near keys (docs/performance.md, Dispatch)."""
-    kin = [k for k, *_ in entries if set(k) == set(key)
-           and all(_numeric(v) or k[f] == v for f, v in key.items())]
+    kin = [e.key for e in entries if set(e.key) == set(key)
+           and all(_numeric(v) or e.key[f] == v for f, v in key.items())]
     return bool(kin) and all(
         min(k[f] for k in kin) <= v <= max(k[f] for k in kin)
         for f, v in key.items() if _numeric(v))
@@ -240,14 +254,12 @@ def inside_tuned(entries, key: dict) -> bool:
 MIN_GAIN = 0.02
 
 
-def gains_enough(entry) -> bool:
+def gains_enough(entry: Entry) -> bool:
     """Whether an entry's config may replace the heuristic (`MIN_GAIN`): it is the
     heuristic's, or no heuristic or speedup was recorded (older tables), or its recorded
     speedup is at least 1 + MIN_GAIN."""
-    _k, cfg, _ok, *rest = entry
-    heur = rest[0] if rest else None
-    speedup = rest[1] if len(rest) > 1 else None
-    if heur is None or speedup is None or dict(cfg) == dict(heur):
+    heur, speedup = entry.heuristic_config, entry.speedup_vs_heuristic
+    if heur is None or speedup is None or dict(entry.config) == dict(heur):
         return True
     return speedup >= 1.0 + MIN_GAIN - 1e-9
 
@@ -261,28 +273,26 @@ def nearest(entries, key: dict, max_field: float = MAX_FIELD_LOG2, heuristic=Non
     two, and, given `heuristic` (the heuristic's config at `key`), whose own key had that
     same heuristic config: the measurements compared the lent config with the config
     `key` would otherwise run. Either way only a config that `gains_enough` at its own
-    key. Else None (the heuristic). `entries`: (key, config, no_slower_at key
-    strings[, the heuristic's config at the key[, the config's speedup over it]])."""
+    key. Else None (the heuristic). `entries`: `Entry`s."""
     near = []
     for e in entries:
-        d = key_distance(key, e[0], max_field)
+        d = key_distance(key, e.key, max_field)
         if d == 0:
-            return e[1] if gains_enough(e) else None
+            return e.config if gains_enough(e) else None
         if d < math.inf:
             near.append((d, e))
     near.sort(key=lambda de: de[0])
     if len(near) < 2 or not inside_tuned([e for _, e in near], key):
         return None
-    names = [key_str(e[0]) for _, e in near]
+    names = [key_str(e.key) for _, e in near]
     for _, e in near:
-        (k, cfg, ok_at, *heur) = e
-        own = key_str(k)
-        if heuristic is not None and (not heur or heur[0] != dict(heuristic)):
+        own = key_str(e.key)
+        if heuristic is not None and e.heuristic_config != dict(heuristic):
             continue
         if not gains_enough(e):
             continue
-        if all(n == own or n in ok_at for n in names):
-            return cfg
+        if all(n == own or n in e.no_slower_at for n in names):
+            return e.config
     return None
 
 

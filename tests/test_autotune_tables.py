@@ -11,7 +11,7 @@ from autotune import tables
 from autotune.registry import tunables
 from recipes import tables as dispatch
 from recipes._tuning import key_str
-from recipes.tables import inside_tuned, key_distance, lookup, lookup_slug, nearest
+from recipes.tables import Entry, inside_tuned, key_distance, lookup, lookup_slug, nearest
 
 
 @pytest.fixture
@@ -88,8 +88,8 @@ def test_key_distance_and_nearest():
     r1, r32, r256 = ({**a, "R": 1}, {**a, "R": 32}, {**a, "R": 256})
     ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
     # r32's config held up at r1 and r256 too; r1's and r256's only at their own keys
-    entries = [(r1, "r1", ks()), (r32, "r32", ks(r1, r256)), (r256, "r256", ks()),
-               ({**a, "dtype": "float32"}, "f32", ks())]
+    entries = [Entry(r1, "r1", ks()), Entry(r32, "r32", ks(r1, r256)),
+               Entry(r256, "r256", ks()), Entry({**a, "dtype": "float32"}, "f32", ks())]
     assert nearest(entries, r1) == "r1"                        # exact: always its own
     assert nearest(entries, {**a, "R": 3}) is None             # r1 alone near; not lent
     assert nearest(entries, {**a, "R": 20}) is None            # r32 alone near; not lent
@@ -101,9 +101,9 @@ def test_key_distance_and_nearest():
     assert nearest(entries, {**a, "dtype": "float16"}) is None
     # R=2 has two tuned keys near it (R=1, R=4): a config is lent only where it was
     # measured no slower than the heuristic at the other one too
-    entries.append((a, "r4", ks()))
+    entries.append(Entry(a, "r4", ks()))
     assert nearest(entries, {**a, "R": 2}) is None
-    entries[0] = (r1, "r1", ks(a))
+    entries[0] = Entry(r1, "r1", ks(a))
     assert nearest(entries, {**a, "R": 2}) == "r1"
 
 
@@ -113,12 +113,12 @@ def test_nearest_interpolates_never_extrapolates():
     held up at both neighbours are not lent there."""
     ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
     r4, r8 = ({"dtype": "bfloat16", "R": 4, "K": 3}, {"dtype": "bfloat16", "R": 8, "K": 3})
-    entries = [(r4, "r4", ks(r8)), (r8, "r8", ks(r4))]
+    entries = [Entry(r4, "r4", ks(r8)), Entry(r8, "r8", ks(r4))]
     assert inside_tuned(entries, {**r4, "R": 6}) and nearest(entries, {**r4, "R": 6}) == "r8"
     for beyond in ({**r4, "R": 6, "K": 4}, {**r4, "R": 6, "K": 2}, {**r8, "R": 12}):
         assert not inside_tuned(entries, beyond) and nearest(entries, beyond) is None
     # another dtype's tuned keys do not widen the span
-    entries.append(({"dtype": "float32", "R": 6, "K": 7}, "f32", ks()))
+    entries.append(Entry({"dtype": "float32", "R": 6, "K": 7}, "f32", ks()))
     assert nearest(entries, {**r4, "R": 6, "K": 4}) is None
 
 
@@ -131,7 +131,7 @@ def test_a_config_is_lent_only_between_near_tuned_keys():
     ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
     k = lambda V, B: {"dtype": "bfloat16", "V": V, "B": B}     # noqa: E731
     keys = [k(V, B) for V in (32000, 151936, 262144) for B in (1, 2)]
-    entries = [(key, f"{key['V']}/{key['B']}", ks(*[o for o in keys if o != key]))
+    entries = [Entry(key, f"{key['V']}/{key['B']}", ks(*[o for o in keys if o != key]))
                for key in keys]
     assert inside_tuned(entries, k(129280, 1))                 # within all tuned keys
     assert nearest(entries, k(129280, 1)) is None              # not within the near ones
@@ -145,14 +145,14 @@ def test_a_config_is_lent_only_where_the_heuristic_is_the_lenders():
     ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
     r4, r8 = {"dtype": "bfloat16", "R": 4}, {"dtype": "bfloat16", "R": 8}
     h4, h8 = {"SPLIT": 32}, {"SPLIT": 16}
-    entries = [(r4, "r4", ks(r8), h4), (r8, "r8", ks(r4), h8)]
+    entries = [Entry(r4, "r4", ks(r8), h4), Entry(r8, "r8", ks(r4), h8)]
     r6 = {**r4, "R": 6}
     assert nearest(entries, r6) == "r8"                          # no heuristic given
     assert nearest(entries, r6, heuristic=h8) == "r8"
     assert nearest(entries, r6, heuristic=h4) == "r4"            # the next nearest's
     assert nearest(entries, r6, heuristic={"SPLIT": 8}) is None  # neither's heuristic
     assert nearest(entries, r4, heuristic={"SPLIT": 8}) == "r4"  # exact: always its own
-    old = [(r4, "r4", ks(r8)), (r8, "r8", ks(r4))]               # no heuristic recorded
+    old = [Entry(r4, "r4", ks(r8)), Entry(r8, "r8", ks(r4))]     # no heuristic recorded
     assert nearest(old, r6, heuristic=h8) is None
 
 
@@ -277,16 +277,17 @@ def test_a_config_needs_its_recorded_gain_to_replace_the_heuristic():
     r4, r8 = {"dtype": "bfloat16", "R": 4}, {"dtype": "bfloat16", "R": 8}
     h = {"SPLIT": 32}
     small, enough = 1.0 + MIN_GAIN / 2, 1.0 + MIN_GAIN
-    weak = [(r4, {"SPLIT": 8}, ks(r8), h, small), (r8, {"SPLIT": 16}, ks(r4), h, small)]
+    weak = [Entry(r4, {"SPLIT": 8}, ks(r8), h, small),
+            Entry(r8, {"SPLIT": 16}, ks(r4), h, small)]
     assert not gains_enough(weak[0])
     assert nearest(weak, r4, heuristic=h) is None                 # exact, but too small
     assert nearest(weak, {**r4, "R": 6}, heuristic=h) is None     # and never lent
-    strong = [(r4, {"SPLIT": 8}, ks(r8), h, enough), weak[1]]
+    strong = [Entry(r4, {"SPLIT": 8}, ks(r8), h, enough), weak[1]]
     assert nearest(strong, r4, heuristic=h) == {"SPLIT": 8}
     assert nearest(strong, {**r4, "R": 6}, heuristic=h) == {"SPLIT": 8}
-    assert gains_enough((r4, h, ks(), h, 0.99))                   # the heuristic's own
-    assert gains_enough((r4, {"SPLIT": 8}, ks(), h, None))        # no speedup recorded
-    assert gains_enough((r4, {"SPLIT": 8}, ks()))                 # oldest format
+    assert gains_enough(Entry(r4, h, ks(), h, 0.99))              # the heuristic's own
+    assert gains_enough(Entry(r4, {"SPLIT": 8}, ks(), h, None))   # no speedup recorded
+    assert gains_enough(Entry(r4, {"SPLIT": 8}))                  # oldest format
 
 
 def test_show_says_where_dispatch_runs_the_heuristic_instead():
