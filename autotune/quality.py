@@ -219,7 +219,7 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
     opts = resolve(opts, device)
     # tune's default budget does not apply here; 0: none
     opts.budget_s = (BUDGET_S if cuda else None) if asked is None else (asked or None)
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     slug = gpu_slug(device)
     tunables = select_tunables(opts)

@@ -59,7 +59,7 @@ import triton.language as tl
 
 from autotune.timing import rotation, time_graph
 from recipes import _common as C
-from recipes import tables
+from recipes import _configs as dispatch
 from recipes._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
@@ -377,9 +377,9 @@ def configs_for(shape: Shape, targets=PROGRAM_TARGETS, tiles=(),
     alike are one), none that `admit(config)` refuses."""
     out = []
     heur = CV.heuristic(shape.key, shape.device)
-    path = tables.find_table(tables.gpu_slug(shape.device), CV.NAME)
+    path = dispatch.find_table(dispatch.gpu_slug(shape.device), CV.NAME)
     if path is not None:
-        out += [("tuned", {**heur, **e["config"]}) for e in tables.load_table(path)["entries"]
+        out += [("tuned", {**heur, **e["config"]}) for e in dispatch.load_table(path)["entries"]
                 if e["key"] == shape.key]
     out.append(("heuristic", heur))
     rows = shape.B * shape.N

@@ -1,5 +1,5 @@
 """Tuned tables: `results/<gpu-slug>/<recipe>.json`, what `autotune tune` writes and what
-recipes dispatch from (`recipes.tables`, the one reader).
+recipes dispatch from (`recipes._configs`, the one reader).
 
 Format (JSON, one object; `format` names the version):
 
@@ -55,7 +55,7 @@ Format (JSON, one object; `format` names the version):
 Microseconds are per call. `config` always holds every parameter of the recipe's space
 (plus any extra field the heuristic returns), so a launcher can use it as it is.
 
-Dispatch (recipes/tables.py) needs only `entries[*].key` / `entries[*].config` /
+Dispatch (recipes/_configs.py) needs only `entries[*].key` / `entries[*].config` /
 `entries[*].no_slower_at` and `header.space_hash` / `header.source_hash` /
 `header.interpreter`: a table whose space or source hash differs from the recipe's is
 ignored with one warning, and so is any entry whose config the current space does not
@@ -199,7 +199,7 @@ def _json_default(o):
 
 def read_table(path: Path) -> dict:
     """Parse and check a table; raises ValueError (or OSError) on anything malformed."""
-    from recipes.tables import load_table
+    from recipes._configs import load_table
 
     data = load_table(Path(path))
     if not isinstance(data.get("header", {}), dict):

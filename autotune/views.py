@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recipes._configs import MIN_GAIN, Entry, gains_enough, results_root
 from recipes._tuning import key_str
-from recipes.tables import MIN_GAIN, Entry, gains_enough, results_root
 
 from .tables import FORMAT, read_table
 
@@ -136,8 +136,8 @@ def _range(xs) -> str:
 
 def dispatch_text(slug: str, recipes: list[str] | None = None) -> list[str]:
     """Which table dispatch reads for each recipe on GPU `slug`, and the folders it
-    looks in (`recipes.tables.search_roots`, first match wins)."""
-    from recipes import tables as dispatch
+    looks in (`recipes._configs.search_roots`, first match wins)."""
+    from recipes import _configs as dispatch
 
     from .registry import tunables
 

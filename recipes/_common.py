@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .tables import resolve as _resolve
+from ._configs import resolve as _resolve
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -401,7 +401,7 @@ KEYS = _Workspace("the vocabulary-parallel key buffer")
 def pick_config(tuning, key: dict, device: torch.device) -> dict:
     """The tuned config of the nearest key for this GPU, else the heuristic's (a fresh
     dict). Resolved once per (tuning, device, key): later calls with the same key cost a
-    dict lookup (`recipes.tables.resolve`; `tables.clear_cache()` forgets)."""
+    dict lookup (`recipes._configs.resolve`; `_configs.clear_cache()` forgets)."""
     return dict(_resolve(tuning, key, device))
 
 

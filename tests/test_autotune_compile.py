@@ -152,8 +152,8 @@ def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
                         "--budget-s", "0", "--results", str(tmp_path), "--no-progress"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    from recipes._configs import gpu_slug
     from recipes.argmax import TUNING
-    from recipes.tables import gpu_slug
     slug = gpu_slug()
     rep = json.loads((tmp_path / slug / "tune-report.json").read_text())
     pool, comp = rep["compile"]["pool"], rep["compile"]
@@ -185,7 +185,7 @@ def test_gpu_tune_builds_the_adapters_capped_variant_ahead(tmp_path):
                         "--budget-s", "0", "--results", str(tmp_path), "--no-progress"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
     rep = json.loads((tmp_path / gpu_slug() / "tune-report.json").read_text())
     pool, comp = rep["compile"]["pool"], rep["compile"]
     assert pool["failed"] == 0 and pool["capped_failed"] == 0, pool["errors"]

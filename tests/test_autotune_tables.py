@@ -9,9 +9,9 @@ from autotune_util import fake_fixture  # noqa: F401  (the `fake` fixture)
 
 from autotune import tables
 from autotune.registry import tunables
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
+from recipes._configs import Entry, inside_tuned, key_distance, lookup, lookup_slug, nearest
 from recipes._tuning import key_str
-from recipes.tables import Entry, inside_tuned, key_distance, lookup, lookup_slug, nearest
 
 
 @pytest.fixture
@@ -272,7 +272,7 @@ def test_a_config_needs_its_recorded_gain_to_replace_the_heuristic():
     """A tuned config recorded less than MIN_GAIN faster than the heuristic at its own key
     is not used there nor lent (such gains do not survive another process's timing);
     entries without a recorded speedup (older tables) keep their config."""
-    from recipes.tables import MIN_GAIN, gains_enough
+    from recipes._configs import MIN_GAIN, gains_enough
     ks = lambda *keys: frozenset(key_str(k) for k in keys)      # noqa: E731
     r4, r8 = {"dtype": "bfloat16", "R": 4}, {"dtype": "bfloat16", "R": 8}
     h = {"SPLIT": 32}

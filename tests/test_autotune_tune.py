@@ -18,7 +18,7 @@ from autotune.tune.run import tune
 from autotune.tune.search import EVALUATED, Encoding, Result, config_id, info
 from autotune.tune.store import JOURNAL, Store, StoreError
 from recipes import _common
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 KEY = {"dtype": "float32", "N": 256}

@@ -10,7 +10,7 @@ import torch
 
 from autotune import bench
 from autotune.bench import overhead, readme, report, results, run
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 
 
 def fake_suite(name="argmax", complete=True):

@@ -426,8 +426,8 @@ def test_verify_dispatches_on_its_own_table(device):
     """With config=None the adapter asks its own table (`sglang_target_verify`, timed
     with SGLang's epilogue) with chain_verify's key for the shape, never chain_verify's
     table; without an entry it runs chain_verify's heuristic."""
+    from recipes._configs import trace_configs
     from recipes.chain_verify import heuristic, tune_key
-    from recipes.tables import trace_configs
 
     x, cand, ridx, rnext, seq = _verify_args(device)
     B, N = cand.shape
@@ -523,8 +523,8 @@ def test_draft_extend_dispatches_on_its_own_table(device):
     its table was not timed with) no table; draft_topk1's launch has no row indices, map
     or hidden rows: it asks its own (`sglang_draft_topk1`) with H = 0, and an explicit
     config asks none."""
+    from recipes._configs import trace_configs
     from recipes.draft_tail import tune_key
-    from recipes.tables import trace_configs
 
     x, _ = unique_max_logits(6, 3000, torch.bfloat16, device, seed=5)
     hidden = torch.randn(6, 64, device=device).to(torch.bfloat16)

@@ -157,17 +157,17 @@ def test_keys_kernel_runs_the_heuristic_not_a_table(device):
     """The keys kernel (no finish) never takes a config from argmax's or chain_verify's
     tuned tables, which were measured on the kernels with a finish; the single-device
     recipes do ask their tables."""
-    from recipes import tables
+    from recipes import _configs as dispatch
 
     x = hard_logits(4, 600, torch.bfloat16, device, seed=3)
     t = torch.full((2,), 0.7, device=device)
     s = torch.tensor([1, 2], device=device)
-    with tables.trace_configs() as trace:
+    with dispatch.trace_configs() as trace:
         tp.local_keys(x, vocab_start=600, vocab_size=1200)
         tp.local_keys(x, vocab_start=600, vocab_size=1200, temperature=t, seeds=s,
                       positions=s)
     assert trace == []
-    with tables.trace_configs() as trace:
+    with dispatch.trace_configs() as trace:
         recipes.argmax(x)
     assert [r for r, *_ in trace] == ["argmax"]
 

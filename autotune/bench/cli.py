@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _results_root() -> Path:
-    from recipes.tables import results_root
+    from recipes._configs import results_root
 
     return results_root()
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
         preset = args.preset or "full"
-        from recipes.tables import gpu_slug
+        from recipes._configs import gpu_slug
 
         out = Path(args.out) if args.out else _results_root() / gpu_slug(device)
         if preset != "full" and not args.out:     # never over the committed full results

@@ -387,7 +387,7 @@ def tune(opts: Options) -> dict:
     opts = resolve(opts, device)
     phases = Phases()
     phases.add("startup", max(0.0, time.monotonic() - opts.started))
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     with phases("plan"):
         slug = gpu_slug(device)

@@ -27,8 +27,8 @@ import datetime as _dt
 import statistics
 from pathlib import Path
 
+from recipes._configs import MIN_GAIN
 from recipes._tuning import key_str
-from recipes.tables import MIN_GAIN
 
 from ..tables import FORMAT, table_path, update_table, write_json_atomic
 from ..timing import Timing

@@ -9,11 +9,11 @@ Where tables are found, first match wins (`search_roots`):
      installed wheel, `results/` of a source checkout.
 
 A recipe asks `resolve(tuning, key, device)` at call time (`tuning`: its `TUNING`,
-`recipes/_tuning.py`). The table of the
-device's GPU is read once per process; the exact key wins, else, for a key between
-nearby tuned keys in every field (never beyond them), a nearby tuned key whose config
-the table records as measured no slower than the heuristic at this key's tuned
-neighbours and whose heuristic config is this key's (`nearest`), else the heuristic.
+`recipes/_tuning.py`). The table of the device's GPU is read once per process; the exact
+key wins, else, for a key between nearby tuned keys in every field (never beyond them),
+a nearby tuned key whose config the table records as measured no slower than the
+heuristic at this key's tuned neighbours and whose heuristic config is this key's
+(`nearest`), else the heuristic.
 Either way a tuned config is used only where the table records it at least `MIN_GAIN`
 faster than the heuristic at its own key. A table is ignored, with one warning, when
 it was made under the interpreter (on a GPU), over another search space, or for kernel
