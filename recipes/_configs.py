@@ -13,14 +13,16 @@ A recipe asks `resolve(tuning, key, device)` at call time (`tuning`: its `TUNING
 key wins, else, for a key between nearby tuned keys in every field (never beyond them),
 a nearby tuned key whose config the table records as measured no slower than the
 heuristic at this key's tuned neighbours and whose heuristic config is this key's
-(`nearest`), else the heuristic.
-Either way a tuned config is used only where the table records it at least `MIN_GAIN`
-faster than the heuristic at its own key. A table is ignored, with one warning, when
-it was made under the interpreter (on a GPU), over another search space, or for kernel
-source that has changed since (`header.source_hash`); entries whose config the current
-space does not admit are dropped with one warning. A missing table is silent. Nothing
-here ever raises into a call. The format is documented in `autotune/tables.py`, which
-writes it.
+(`nearest`), else the heuristic. Either way a tuned config is used only where the table
+records it at least `MIN_GAIN` faster than the heuristic at its own key. A table is
+ignored, with one warning, when it was made under the interpreter (on a GPU), over
+another search space, or for kernel source that has changed since
+(`header.source_hash`); entries whose config the current space does not admit are
+dropped with one warning. A table that cannot be used warns once and gives way to the
+next root's (a damaged user table to the shipped one). A GPU with no table folder in any
+root warns once, naming `make tune`; one recipe's missing table is silent. Nothing here
+ever raises into a call. The format is documented in `autotune/tables.py`, which writes
+it.
 """
 from __future__ import annotations
 
@@ -82,24 +84,48 @@ def search_roots() -> list[Path]:
     return roots
 
 
+def table_files(slug: str, recipe: str) -> list[Path]:
+    """Every table file for (`slug`, `recipe`), in the order dispatch tries them: a root's
+    table that cannot be used (damaged, stale) gives way to the next root's."""
+    return [p for p in (root / slug / f"{recipe}.json" for root in search_roots())
+            if p.is_file()]
+
+
 def find_table(slug: str, recipe: str) -> Path | None:
-    """The table file dispatch uses for (`slug`, `recipe`): the first root that has one."""
-    for root in search_roots():
-        path = root / slug / f"{recipe}.json"
-        if path.is_file():
-            return path
-    return None
+    """The first table file for (`slug`, `recipe`) (`table_files`), or None."""
+    files = table_files(slug, recipe)
+    return files[0] if files else None
+
+
+def has_tables(slug: str) -> bool:
+    """Whether any root holds a table folder for GPU `slug`."""
+    return any((root / slug).is_dir() for root in search_roots())
+
+
+# A model name: a letter or two and 2-4 digits, maybe one letter (h200, a100, b200, l40s,
+# gh200). Tables are per model: its variants (H200 NVL, H200 SXM, A100-SXM4-80GB) share
+# them, as a config valid on one runs on all and the heuristics read the SM count.
+_MODEL = re.compile(r"[a-z]{1,2}\d{2,4}[a-z]?")
+
+
+def slug_of(name: str) -> str:
+    """A GPU name's table folder: 'NVIDIA H200', 'NVIDIA H200 NVL', 'H200 SXM' -> 'h200';
+    'NVIDIA A100-SXM4-80GB' -> 'a100'; a name that starts with no model name, its words
+    in lower case joined by '-' ('NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090')."""
+    name = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.I)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    first = slug.split("-")[0]
+    return first if _MODEL.fullmatch(first) else slug or "gpu"
 
 
 def gpu_slug(device: torch.device | None = None) -> str:
-    """'NVIDIA H200' -> 'h200'; CPU (interpreter) -> 'cpu-interpreter'."""
+    """The table folder of `device`'s GPU (`slug_of` its name); CPU (interpreter) ->
+    'cpu-interpreter'."""
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type != "cuda":
         return INTERPRETER_SLUG
-    name = torch.cuda.get_device_name(device)
-    name = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.I)
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+    return slug_of(torch.cuda.get_device_name(device))
 
 
 _TABLES: dict = {}        # (slug, recipe) -> {"entries": [Entry], "path": Path | None}
@@ -145,51 +171,67 @@ def load_table(path: Path) -> dict:
     return data
 
 
+class _Unusable(Exception):
+    """A table that dispatch ignores as a whole; the message says why."""
+
+
 def _checked_entries(slug: str, tuning: Tuning, path: Path, data: dict) -> list:
-    """The usable entries of a parsed table (`Entry`)."""
+    """The usable entries of a parsed table (`Entry`); raises _Unusable for a table made
+    under the interpreter (on a GPU), over another search space or for other kernel
+    source. Entries whose config the space does not admit are dropped with a warning."""
     recipe = tuning.name
-    tk = (slug, recipe)
     header = data.get("header")
     header = header if isinstance(header, dict) else {}
     if header.get("interpreter") and slug != INTERPRETER_SLUG:
-        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was made under "
-                       "the Triton interpreter; using heuristic configs")
-        return []
+        raise _Unusable("it was made under the Triton interpreter")
     entries = [Entry.from_json(e) for e in data["entries"]]
-    retune = f"re-run `python -m autotune tune --recipe {recipe}`; using heuristic configs"
+    retune = f"re-run `python -m autotune tune --recipe {recipe}`"
     want = tuning.space_hash()
     if header.get("space_hash") != want:
-        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was tuned over "
-                       f"another search space (space hash {header.get('space_hash')!r}, "
-                       f"the recipe's is {want!r}); {retune}")
-        return []
+        raise _Unusable(f"it was tuned over another search space (space hash "
+                        f"{header.get('space_hash')!r}, the recipe's is {want!r}); {retune}")
     src = tuning.source_hash()
     if header.get("source_hash") != src:
-        _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path}: it was tuned for "
-                       f"other kernel source (source hash {header.get('source_hash')!r}, "
-                       f"the recipe's is {src!r}); {retune}")
-        return []
+        raise _Unusable(f"it was tuned for other kernel source (source hash "
+                        f"{header.get('source_hash')!r}, the recipe's is {src!r}); {retune}")
     good = [e for e in entries if tuning.admits(e.config, e.key)]
     if len(good) != len(entries):
-        _warn_once(tk, f"spec-cookbook: ignoring {len(entries) - len(good)} of "
-                       f"{len(entries)} entries of the tuned table {path}: their config is "
-                       f"not valid in {recipe}'s current search space")
+        _warn_once(("entries", str(path)),
+                   f"spec-cookbook: ignoring {len(entries) - len(good)} of {len(entries)} "
+                   f"entries of the tuned table {path}: their config is not valid in "
+                   f"{recipe}'s current search space")
     return good
 
 
 def _table(slug: str, tuning: Tuning):
+    """The entries dispatch uses for (`slug`, `tuning`) and their file: the first table
+    file (`table_files`) that can be used; one that cannot warns once and gives way to
+    the next. A GPU with no table folder at all warns once, naming `make tune`."""
     tk = (slug, tuning.name)
     t = _TABLES.get(tk)
     if t is None:
-        entries, path = [], find_table(slug, tuning.name)
-        if path is not None:
+        t = {"entries": [], "path": None}
+        files = table_files(slug, tuning.name)
+        for i, path in enumerate(files):
+            then = (f"using {files[i + 1]} instead" if i + 1 < len(files)
+                    else "using heuristic configs")
             try:
-                entries = _checked_entries(slug, tuning, path, load_table(path))
-            except Exception as exc:  # noqa: BLE001 - any damage means "no table"
-                _warn_once(tk, f"spec-cookbook: ignoring the tuned table {path} "
-                               f"({type(exc).__name__}: {exc}); using heuristic configs")
-                entries = []
-        t = _TABLES[tk] = {"entries": entries, "path": path}
+                t = {"entries": _checked_entries(slug, tuning, path, load_table(path)),
+                     "path": path}
+                break
+            except _Unusable as exc:
+                why = str(exc)
+            except Exception as exc:  # noqa: BLE001 - any damage means "not this table"
+                why = f"{type(exc).__name__}: {exc}"
+            _warn_once(("table", str(path)),
+                       f"spec-cookbook: ignoring the tuned table {path} ({why}); {then}")
+        if not files and slug != INTERPRETER_SLUG and not has_tables(slug):
+            _warn_once(("gpu", slug),
+                       f"spec-cookbook: no tuned tables for this GPU ({slug!r}) in "
+                       f"{', '.join(str(r) for r in search_roots())}; every recipe runs "
+                       "its heuristic configs. `make tune` in a source checkout (or "
+                       "`python -m autotune tune`) tunes them for this GPU.")
+        _TABLES[tk] = t
     return t
 
 

@@ -169,12 +169,13 @@ def test_dispatch_exact_then_nearest(results, fake):
         assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "N": 100}) is None
         assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "N": 200}) is None
         assert lookup_slug("test-gpu", fake.SCALE.tuning, {**K64, "dtype": "float16"}) is None
-        assert lookup_slug("other-gpu", fake.SCALE.tuning, K64) is None              # no table
         # the table is read once per process
         os.unlink(tables.table_path(results, "test-gpu", "fake_scale"))
         assert lookup_slug("test-gpu", fake.SCALE.tuning, K256) == C2
     # CPU tensors never dispatch from a table
     assert lookup(fake.SCALE.tuning, K64, torch.device("cpu")) is None
+    with pytest.warns(RuntimeWarning, match="no tuned tables for this GPU"):
+        assert lookup_slug("other-gpu", fake.SCALE.tuning, K64) is None        # no table
 
 
 @pytest.mark.parametrize("damage", ["garbage", "no-entries", "bad-entry", "empty"])
@@ -321,3 +322,107 @@ def test_committed_tables_match_the_kernels_they_tune():
                 f"--recipe {t.name}` on its GPU")
             checked += 1
     assert checked >= 9, f"only {checked} committed tables found under {root}"
+
+
+@pytest.mark.parametrize("name,slug", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"), ("H200 SXM", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"),
+    ("NVIDIA H100 NVL", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100 80GB PCIe", "a100"), ("NVIDIA B200", "b200"), ("NVIDIA GH200 480GB", "gh200"),
+    ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"),
+    ("  nvidia   Tesla   ", "tesla"), ("???", "gpu")])
+def test_gpu_name_variants_share_a_slug(name, slug):
+    assert dispatch.slug_of(name) == slug
+
+
+def test_a_gpu_without_tables_warns_once_naming_make_tune(results, fake):
+    """No table folder for the GPU anywhere: one warning for the whole process (not per
+    recipe, not per call), naming `make tune`; a GPU that has tables says nothing about
+    a recipe it lacks."""
+    from recipes.argmax import TUNING as ARGMAX
+
+    with pytest.warns(RuntimeWarning) as caught:
+        for t in (fake.SCALE.tuning, ARGMAX, fake.SCALE.tuning):
+            assert lookup_slug("no-such-gpu", t, K64) is None
+    assert len(caught) == 1 and "make tune" in str(caught[0].message)
+    assert "'no-such-gpu'" in str(caught[0].message)
+    _write(results, "test-gpu", fake.SCALE, [_entry(K64, C1)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lookup_slug("test-gpu", ARGMAX, {"dtype": "float32", "V": 100, "R": 2}) is None
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong-space"])
+def test_an_unusable_user_table_falls_through_to_the_shipped_one(tmp_path, monkeypatch,
+                                                                 fake, damage):
+    """A user's table that cannot be used (damaged, or tuned over another space) warns
+    once, naming both files, and dispatch reads the shipped table behind it."""
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    monkeypatch.setenv(dispatch.RESULTS_ENV, str(user))
+    monkeypatch.setattr(dispatch, "shipped_root", lambda: shipped)
+    dispatch.clear_cache()
+    try:
+        _write(shipped, "test-gpu", fake.SCALE, [_entry(K64, C1)])
+        bad = tables.table_path(user, "test-gpu", "fake_scale")
+        if damage == "garbage":
+            bad.parent.mkdir(parents=True)
+            bad.write_text("{not json")
+        else:
+            _write(user, "test-gpu", fake.SCALE, [_entry(K64, C2)],
+                   space_hash="0123456789abcdef")
+        good = tables.table_path(shipped, "test-gpu", "fake_scale")
+        with pytest.warns(RuntimeWarning) as caught:
+            assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
+        (w,) = caught
+        assert str(bad) in str(w.message) and f"using {good} instead" in str(w.message)
+        assert dispatch.table_in_use("test-gpu", fake.SCALE.tuning) == (good, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")                  # once
+            assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
+    finally:
+        dispatch.clear_cache()
+
+
+def test_show_prints_the_tables_in_use_wherever_they_are(tmp_path, monkeypatch, fake):
+    """`autotune show` on a machine whose user folder holds no table: the shipped tables
+    dispatch reads are listed as in use and printed, not reported missing."""
+    from autotune import views
+
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    monkeypatch.setenv(dispatch.RESULTS_ENV, str(user))
+    monkeypatch.setattr(dispatch, "shipped_root", lambda: shipped)
+    dispatch.clear_cache()
+    try:
+        _write(shipped, "test-gpu", fake.SCALE, [_entry(K64, C1)])
+        path = tables.table_path(shipped, "test-gpu", "fake_scale")
+        text = views.show_text(user, "test-gpu", ["fake_scale"], dispatch=True)
+        assert f"fake_scale: {path} (1 entries used)" in text
+        assert f"== fake_scale on Test GPU ({path}) ==" in text and "N=64" in text
+        assert "no tuned tables" not in text
+    finally:
+        dispatch.clear_cache()
+
+
+def test_show_and_report_survive_a_damaged_table(results, fake):
+    """Wrong-typed fields (display fields, header, a report) are shown as they are, never
+    an exception; an entry that cannot be shown at all says so."""
+    from autotune import views
+
+    data = _write(results, "test-gpu", fake.SCALE, [_entry(K64, C1), _entry(K256, C2)])
+    data["header"]["space"] = "not a dict"
+    data["header"]["label"] = 7
+    data["header"]["interpreter"] = True
+    e0, e1 = data["entries"]
+    e0.update(p50_us="fast", trials=[1], chosen_from={"x": 1}, speedup_vs_heuristic="2x",
+              heuristic_config=[1], wrong_configs=[3, {"BLOCK": 1}])
+    e1["config"] = {"BLOCK": {"nested": object.__name__}}
+    e1["trials"] = {"wrong": "many"}
+    tables.write_json_atomic(tables.table_path(results, "test-gpu", "fake_scale"), data)
+    (results / "test-gpu" / "tune-report.json").write_text(json.dumps({"keys": 3}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = views.show_text(results, "test-gpu", None, dispatch=True)
+    assert "'fast'" in text and "tune-report.json: unreadable" in text
+    assert "fake_scale" in text and "N=256" in text
+    md = views.report_markdown(results, "test-gpu")
+    assert "'fast'" in md and "BLOCK=1" in md
