@@ -14,7 +14,26 @@ from recipes._source_hash import code_text, source_texts
 from recipes._tuning import Tuning, key_str
 
 
-def test_fake_is_registered_and_recipes_register_themselves(fake):
+def test_every_recipe_tuning_has_one_tunable():
+    """Each `Tuning` a recipe module declares is paired with its harness by exactly one
+    suite tunable of the same name, and the registry holds no other library tunable."""
+    import importlib
+    import pkgutil
+
+    import recipes
+
+    declared = {}
+    for info in pkgutil.walk_packages(recipes.__path__, "recipes."):
+        mod = importlib.import_module(info.name)
+        for v in vars(mod).values():
+            if isinstance(v, Tuning) and v.__class__.__module__ == "recipes._tuning":
+                declared[v.name] = v
+    lib = {n: t for n, t in registry.tunables().items() if not n.startswith("fake_")}
+    assert len(declared) >= 10 and set(lib) == set(declared)
+    assert all(lib[n].tuning is declared[n] for n in declared)
+
+
+def test_fake_is_registered_and_the_library_is_listed(fake):
     F = fake
     assert "fake_scale" in registry.tunables()
     names = registry.tunables()
@@ -22,7 +41,7 @@ def test_fake_is_registered_and_recipes_register_themselves(fake):
     registry.load_recipes("recipes")
     t = registry.tunables()
     real = [n for n in t if not n.startswith("fake_")]
-    assert real, "no recipe registered itself on import"
+    assert real, "the suites declare no tunable"
     for name in real:
         tn = t[name]
         for preset in ("smoke", "gpu"):
