@@ -352,55 +352,52 @@ def test_a_gpu_without_tables_warns_once_naming_make_tune(results, fake):
         assert lookup_slug("test-gpu", ARGMAX, {"dtype": "float32", "V": 100, "R": 2}) is None
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong-space"])
-def test_an_unusable_user_table_falls_through_to_the_shipped_one(tmp_path, monkeypatch,
-                                                                 fake, damage):
-    """A user's table that cannot be used (damaged, or tuned over another space) warns
-    once, naming both files, and dispatch reads the shipped table behind it."""
+@pytest.fixture
+def two_roots(tmp_path, monkeypatch, fake):
+    """(user folder, shipped folder): dispatch reads the first, then the second, which
+    holds fake_scale's table for "test-gpu" (K64 -> C1)."""
     user, shipped = tmp_path / "user", tmp_path / "shipped"
     monkeypatch.setenv(dispatch.RESULTS_ENV, str(user))
     monkeypatch.setattr(dispatch, "shipped_root", lambda: shipped)
     dispatch.clear_cache()
-    try:
-        _write(shipped, "test-gpu", fake.SCALE, [_entry(K64, C1)])
-        bad = tables.table_path(user, "test-gpu", "fake_scale")
-        if damage == "garbage":
-            bad.parent.mkdir(parents=True)
-            bad.write_text("{not json")
-        else:
-            _write(user, "test-gpu", fake.SCALE, [_entry(K64, C2)],
-                   space_hash="0123456789abcdef")
-        good = tables.table_path(shipped, "test-gpu", "fake_scale")
-        with pytest.warns(RuntimeWarning) as caught:
-            assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
-        (w,) = caught
-        assert str(bad) in str(w.message) and f"using {good} instead" in str(w.message)
-        assert dispatch.table_in_use("test-gpu", fake.SCALE.tuning) == (good, 1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")                  # once
-            assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
-    finally:
-        dispatch.clear_cache()
+    _write(shipped, "test-gpu", fake.SCALE, [_entry(K64, C1)])
+    yield user, shipped
+    dispatch.clear_cache()
 
 
-def test_show_prints_the_tables_in_use_wherever_they_are(tmp_path, monkeypatch, fake):
+@pytest.mark.parametrize("damage", ["garbage", "wrong-space"])
+def test_an_unusable_user_table_falls_through_to_the_shipped_one(two_roots, fake, damage):
+    """A user's table that cannot be used (damaged, or tuned over another space) warns
+    once, naming both files, and dispatch reads the shipped table behind it."""
+    user, shipped = two_roots
+    bad = tables.table_path(user, "test-gpu", "fake_scale")
+    if damage == "garbage":
+        bad.parent.mkdir(parents=True)
+        bad.write_text("{not json")
+    else:
+        _write(user, "test-gpu", fake.SCALE, [_entry(K64, C2)], space_hash="0123456789abcdef")
+    good = tables.table_path(shipped, "test-gpu", "fake_scale")
+    with pytest.warns(RuntimeWarning) as caught:
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
+    (w,) = caught
+    assert str(bad) in str(w.message) and f"using {good} instead" in str(w.message)
+    assert dispatch.table_in_use("test-gpu", fake.SCALE.tuning) == (good, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # once
+        assert lookup_slug("test-gpu", fake.SCALE.tuning, K64) == C1
+
+
+def test_show_prints_the_tables_in_use_wherever_they_are(two_roots):
     """`autotune show` on a machine whose user folder holds no table: the shipped tables
     dispatch reads are listed as in use and printed, not reported missing."""
     from autotune import views
 
-    user, shipped = tmp_path / "user", tmp_path / "shipped"
-    monkeypatch.setenv(dispatch.RESULTS_ENV, str(user))
-    monkeypatch.setattr(dispatch, "shipped_root", lambda: shipped)
-    dispatch.clear_cache()
-    try:
-        _write(shipped, "test-gpu", fake.SCALE, [_entry(K64, C1)])
-        path = tables.table_path(shipped, "test-gpu", "fake_scale")
-        text = views.show_text(user, "test-gpu", ["fake_scale"], dispatch=True)
-        assert f"fake_scale: {path} (1 entries used)" in text
-        assert f"== fake_scale on Test GPU ({path}) ==" in text and "N=64" in text
-        assert "no tuned tables" not in text
-    finally:
-        dispatch.clear_cache()
+    user, shipped = two_roots
+    path = tables.table_path(shipped, "test-gpu", "fake_scale")
+    text = views.show_text(user, "test-gpu", ["fake_scale"], dispatch=True)
+    assert f"fake_scale: {path} (1 entries used)" in text
+    assert f"== fake_scale on Test GPU ({path}) ==" in text and "N=64" in text
+    assert "no tuned tables" not in text
 
 
 def test_show_and_report_survive_a_damaged_table(results, fake):
