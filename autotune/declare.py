@@ -5,11 +5,14 @@ them; this module imports no suite and no registry, so suites can import it.
 """
 from __future__ import annotations
 
+import hashlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from recipes._source_hash import source_hash
 from recipes._tuning import Tuning
 
 from .bitwise import outputs_equal
@@ -48,6 +51,22 @@ class Tunable:
 
     def equal(self, ours, ref) -> bool:
         return (self.compare or outputs_equal)(ours, ref)
+
+    def harness_hash(self) -> str:
+        """A hash of the code of the modules that define this tunable's input maker, run
+        and reference (its suite): measurements are of those inputs, so the tuner's store
+        and a rewritten table's kept entries start afresh when they change (the
+        recipe's `source_hash`, which dispatch checks, covers kernels and launchers)."""
+        names = {getattr(f, "__module__", None)
+                 for f in (self.make_inputs, self.run, self.reference)}
+        return source_hash([sys.modules[n] for n in sorted(n for n in names if n)
+                            if n in sys.modules])
+
+    def study_hash(self) -> str:
+        """What a store's studies of this tunable are named by besides its space: its
+        kernels' source and its harness (`harness_hash`)."""
+        both = f"{self.source_hash()}:{self.harness_hash()}"
+        return hashlib.sha256(both.encode()).hexdigest()[:16]
 
 
 @dataclass

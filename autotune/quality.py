@@ -229,7 +229,7 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
                          f"{min_grid}..{max_grid} configs in preset {opts.preset!r}")
     jobs = []
     for t, k, g in chosen:
-        j = Job(t, k, g, study_name(slug, t.name, k, t.space_hash(), t.source_hash()),
+        j = Job(t, k, g, study_name(slug, t.name, k, t.space_hash(), t.study_hash()),
                 heuristic_config(t, k, device))
         reorder(j, opts.seed)
         jobs.append(j)

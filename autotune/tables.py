@@ -17,6 +17,7 @@ Format (JSON, one object; `format` names the version):
         "torch": "2.11.0", "triton": "3.6.0", "optuna": "4.5.0", "cuda": "12.8",
         "python": "3.12.3",
         "source_hash": "<16 hex>",      # Tunable.source_hash(): the kernels' source and callees
+        "harness_hash": "<16 hex>",     # Tunable.harness_hash(): the suite that made the inputs
         "space_hash": "<16 hex>",       # Tunable.space_hash(): the search space
         "space": {"BLOCK_V": [512, ...], ...},
         "date": "2025-01-01T12:00:00+00:00"   # UTC, when this file was written
@@ -136,6 +137,7 @@ def build_header(tunable, device: torch.device, slug: str) -> dict:
         hdr["timing"] = GPU_TIMING
     hdr.update(versions())
     hdr["source_hash"] = tunable.source_hash()
+    hdr["harness_hash"] = tunable.harness_hash()
     hdr["space_hash"] = tunable.space_hash()
     hdr["space"] = {k: list(v) for k, v in tunable.space.items()}
     hdr["date"] = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -209,8 +211,9 @@ def read_table(path: Path) -> dict:
 
 def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tuple[list, int]:
     """Entries for a rewritten table: the new ones, plus old entries for other keys when
-    the old table was made by the same kernels over the same space on the same kind of
-    device (else they are stale and dropped). Returns (entries, old entries dropped)."""
+    the old table was made by the same kernels and suite over the same space on the same
+    kind of device (else they are stale and dropped). Returns (entries, old entries
+    dropped)."""
     from recipes._tuning import key_str
 
     new_keys = {key_str(e["key"]) for e in new_entries}
@@ -218,7 +221,8 @@ def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tu
     if old:
         oh = old.get("header") or {}
         same = all(oh.get(f) == header.get(f)
-                   for f in ("source_hash", "space_hash", "interpreter", "slug"))
+                   for f in ("source_hash", "harness_hash", "space_hash", "interpreter",
+                             "slug"))
         for e in old.get("entries", []):
             if key_str(e["key"]) in new_keys:
                 continue

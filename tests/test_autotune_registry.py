@@ -96,6 +96,10 @@ def test_hashes_and_keys(fake):
     assert t.space_hash() != t2.space_hash()
     assert t.space_hash() == dataclasses.replace(t.tuning).space_hash()
     assert len(t.source_hash()) == 16
+    # the suite's inputs name the store's studies too; the recipe's hash knows no suite
+    other = dataclasses.replace(t, make_inputs=_code_a, run=_code_a, reference=_code_a)
+    assert other.harness_hash() != t.harness_hash() == dataclasses.replace(t).harness_hash()
+    assert other.study_hash() != t.study_hash() and other.source_hash() == t.source_hash()
     assert key_str({"V": 3, "dtype": "x", "B": 1}) == "B=1,V=3,dtype=x"
     assert outputs_equal((torch.ones(2), None), (torch.ones(2), None))
     assert not outputs_equal(torch.ones(2), torch.ones(2, dtype=torch.float64))

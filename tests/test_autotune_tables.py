@@ -75,9 +75,10 @@ def test_merge_keeps_other_keys_only_when_compatible(fake):
     entries, dropped = tables.merge_entries(old, hdr, [_entry(K256, C2)])
     assert [e["key"]["N"] for e in entries] == [64, 256] and dropped == 0
     assert entries[1]["config"] == C2
-    stale = {"header": {**hdr, "source_hash": "0" * 16}, "entries": [_entry(K64, C1)]}
-    entries, dropped = tables.merge_entries(stale, hdr, [_entry(K256, C2)])
-    assert [e["key"]["N"] for e in entries] == [256] and dropped == 1
+    for field in ("source_hash", "harness_hash"):      # other kernels, or other inputs
+        stale = {"header": {**hdr, field: "0" * 16}, "entries": [_entry(K64, C1)]}
+        entries, dropped = tables.merge_entries(stale, hdr, [_entry(K256, C2)])
+        assert [e["key"]["N"] for e in entries] == [256] and dropped == 1, field
 
 
 def test_key_distance_and_nearest():

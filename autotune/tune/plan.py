@@ -137,7 +137,7 @@ def plan(opts: Options, slug: str, device: torch.device,
 
     jobs = []
     for t in tunables if tunables is not None else select_tunables(opts):
-        sh, src = t.space_hash(), t.source_hash()
+        sh, src = t.space_hash(), t.study_hash()
         for key in keys_for(t, opts.preset, opts.overrides):
             grid = t.configs(key)
             if not grid:
