@@ -1,6 +1,8 @@
-"""Benchmark suites, one module a recipe: the shapes the benchmark covers, how to make
-each case's inputs, and the variants timed on it ("ours" and torch's ways). Each module
-lists its suites in `SUITES` (`autotune.registry`; the tuner reads their `TUNABLES` there too)."""
+"""What tuning and benchmarking a recipe need beyond dispatch, one module a recipe: its
+tuning inputs, bytes moved, default keys and torch peers, paired with the recipe's
+`TUNING` in `TUNABLES` (`autotune.declare.Tunable`), and its benchmark `SUITES` (the
+shapes covered, each case's inputs, the variants timed: "ours" and torch's ways).
+`autotune.registry` collects both."""
 
 
 def dtype_name(dt) -> str:
