@@ -1,4 +1,5 @@
-"""Benchmark of recipes.compat.sglang: the three SGLang top-1 adapters against torch.
+"""recipes.compat.sglang beyond dispatch: the tuning inputs of its three launches (each
+its own table), and the benchmark of the three SGLang top-1 adapters against torch.
 
 Shapes are the drop-in targets': the verifier at B = 1..256 (N = 4, V = 151936, bf16),
 at B = 1 over other vocabularies, N and dtypes, and at B = 32, N = 6, V = 154880 fp32;
@@ -144,10 +145,10 @@ def _draft_shapes(preset: str):
 
 
 def _verify_inputs(key: dict, device, seed: int) -> dict:
-    """The verifier's SGLang arguments as the tuner makes them (`verify_tune_inputs`: logits whose
-    argmax accepts a random prefix of the drafts, candidates = [last committed token,
-    drafts], the chain layout, seq_lens), plus the drafts alone (contiguous) for
-    chain_verify."""
+    """The verifier's SGLang arguments as the tuner makes them (`verify_tune_inputs`:
+    logits whose argmax accepts a random prefix of the drafts, candidates = [last
+    committed token, drafts], the chain layout, seq_lens), plus the drafts alone
+    (contiguous) for chain_verify."""
     x, cand, ridx, rnext, seq = verify_tune_inputs(key, device, seed)
     return {"logits": x, "candidates": cand, "retrieve_index": ridx,
             "retrieve_next_token": rnext, "seq_lens": seq,

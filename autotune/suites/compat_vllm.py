@@ -1,4 +1,5 @@
-"""Benchmark of recipes.compat.vllm: vLLM's rejection samplers, drop-in, against our own
+"""recipes.compat.vllm beyond dispatch: the tuning inputs of the ragged launch (MRv2's
+layout), and the benchmark of vLLM's rejection samplers, drop-in, against our own
 chain_verify on the same shape (B requests, K = 3, V = 151936 bf16) and, where vLLM is
 importable on the GPU, against vLLM's own functions.
 
