@@ -1,6 +1,7 @@
-"""spec-cookbook's autotuner: a registry that recipes fill, Optuna searches over it,
-CUDA-graph timing, and the per-GPU tables that recipes dispatch from.
+"""spec-cookbook's autotuner: one registry of what to tune and benchmark, Optuna
+searches over it, CUDA-graph timing, and the per-GPU tables that recipes dispatch from.
 
-This package names no recipe: recipes register themselves (`autotune.registry`) when
-their package is imported, and everything here iterates the registry.
+Only `autotune/suites/` knows recipes by name: each of its modules pairs a recipe's
+dispatch facts (its `TUNING`) with the harness that runs it (`autotune.declare`), the
+registry (`autotune.registry`) collects them, and everything else iterates the registry.
 """

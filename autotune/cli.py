@@ -201,12 +201,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def _slug(a) -> str:
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
     return a.slug or gpu_slug()          # gpu_slug() picks this machine's device
 
 
 def _root(a) -> Path:
-    from recipes.tables import results_root
+    from recipes._configs import results_root
     return Path(a.results) if a.results else results_root()
 
 
@@ -247,7 +247,7 @@ def _list(opts) -> int:
 
     device = select_device()
     opts = resolve(opts, device)
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     tunables = select_tunables(opts)
     jobs = plan(opts, gpu_slug(device), device, tunables)

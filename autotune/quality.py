@@ -39,8 +39,9 @@ import sys
 import time
 from pathlib import Path
 
+from recipes._tuning import key_str
+
 from .provenance import header, versions_text
-from .registry import key_str
 from .tables import device_info, versions, write_json_atomic, write_text_atomic
 from .tune.budget import GUESS
 from .tune.device import select_device
@@ -218,7 +219,7 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
     opts = resolve(opts, device)
     # tune's default budget does not apply here; 0: none
     opts.budget_s = (BUDGET_S if cuda else None) if asked is None else (asked or None)
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     slug = gpu_slug(device)
     tunables = select_tunables(opts)
@@ -228,7 +229,7 @@ def quality(opts: Options, *, n_keys: int = 14, seeds: int = 5, within: float = 
                          f"{min_grid}..{max_grid} configs in preset {opts.preset!r}")
     jobs = []
     for t, k, g in chosen:
-        j = Job(t, k, g, study_name(slug, t.name, k, t.space_hash(), t.source_hash()),
+        j = Job(t, k, g, study_name(slug, t.name, k, t.space_hash(), t.study_hash()),
                 heuristic_config(t, k, device))
         reorder(j, opts.seed)
         jobs.append(j)

@@ -1,5 +1,5 @@
 """Tuned tables: `results/<gpu-slug>/<recipe>.json`, what `autotune tune` writes and what
-recipes dispatch from (`recipes.tables`, the one reader).
+recipes dispatch from (`recipes._configs`, the one reader).
 
 Format (JSON, one object; `format` names the version):
 
@@ -17,6 +17,7 @@ Format (JSON, one object; `format` names the version):
         "torch": "2.11.0", "triton": "3.6.0", "optuna": "4.5.0", "cuda": "12.8",
         "python": "3.12.3",
         "source_hash": "<16 hex>",      # Tunable.source_hash(): the kernels' source and callees
+        "harness_hash": "<16 hex>",     # Tunable.harness_hash(): the suite that made the inputs
         "space_hash": "<16 hex>",       # Tunable.space_hash(): the search space
         "space": {"BLOCK_V": [512, ...], ...},
         "date": "2025-01-01T12:00:00+00:00"   # UTC, when this file was written
@@ -55,7 +56,7 @@ Format (JSON, one object; `format` names the version):
 Microseconds are per call. `config` always holds every parameter of the recipe's space
 (plus any extra field the heuristic returns), so a launcher can use it as it is.
 
-Dispatch (recipes/tables.py) needs only `entries[*].key` / `entries[*].config` /
+Dispatch (recipes/_configs.py) needs only `entries[*].key` / `entries[*].config` /
 `entries[*].no_slower_at` and `header.space_hash` / `header.source_hash` /
 `header.interpreter`: a table whose space or source hash differs from the recipe's is
 ignored with one warning, and so is any entry whose config the current space does not
@@ -136,6 +137,7 @@ def build_header(tunable, device: torch.device, slug: str) -> dict:
         hdr["timing"] = GPU_TIMING
     hdr.update(versions())
     hdr["source_hash"] = tunable.source_hash()
+    hdr["harness_hash"] = tunable.harness_hash()
     hdr["space_hash"] = tunable.space_hash()
     hdr["space"] = {k: list(v) for k, v in tunable.space.items()}
     hdr["date"] = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -199,7 +201,7 @@ def _json_default(o):
 
 def read_table(path: Path) -> dict:
     """Parse and check a table; raises ValueError (or OSError) on anything malformed."""
-    from recipes.tables import load_table
+    from recipes._configs import load_table
 
     data = load_table(Path(path))
     if not isinstance(data.get("header", {}), dict):
@@ -209,16 +211,18 @@ def read_table(path: Path) -> dict:
 
 def merge_entries(old: dict | None, header: dict, new_entries: list[dict]) -> tuple[list, int]:
     """Entries for a rewritten table: the new ones, plus old entries for other keys when
-    the old table was made by the same kernels over the same space on the same kind of
-    device (else they are stale and dropped). Returns (entries, old entries dropped)."""
-    from recipes.tuning import key_str
+    the old table was made by the same kernels and suite over the same space on the same
+    kind of device (else they are stale and dropped). Returns (entries, old entries
+    dropped)."""
+    from recipes._tuning import key_str
 
     new_keys = {key_str(e["key"]) for e in new_entries}
     kept, dropped = [], 0
     if old:
         oh = old.get("header") or {}
         same = all(oh.get(f) == header.get(f)
-                   for f in ("source_hash", "space_hash", "interpreter", "slug"))
+                   for f in ("source_hash", "harness_hash", "space_hash", "interpreter",
+                             "slug"))
         for e in old.get("entries", []):
             if key_str(e["key"]) in new_keys:
                 continue
@@ -235,7 +239,7 @@ def previous_configs(path: Path, tunable, device: torch.device, slug: str) -> di
     """{key_str: config} of the table already at `path`, when that table was made over
     the same space on the same kind of device (its kernels may differ: the tuner
     re-checks and re-times a config before it can be kept); else {}."""
-    from recipes.tuning import key_str
+    from recipes._tuning import key_str
 
     old = _read_or_none(path)
     oh = (old or {}).get("header") or {}

@@ -134,7 +134,7 @@ def _versions(device) -> dict:
 
 
 def _results_dir(device) -> Path:
-    from recipes.tables import gpu_slug, results_root
+    from recipes._configs import gpu_slug, results_root
     return results_root() / gpu_slug(device)
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .tables import resolve as _resolve
+from ._configs import resolve as _resolve
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -466,24 +466,25 @@ WORKSPACE = _Workspace()
 KEYS = _Workspace("the vocabulary-parallel key buffer")
 
 
-def pick_config(recipe: str, key: dict, heuristic, device: torch.device) -> dict:
+def pick_config(tuning, key: dict, device: torch.device) -> dict:
     """The tuned config of the nearest key for this GPU, else the heuristic's (a fresh
-    dict). Resolved once per (recipe, device, key): later calls with the same key cost a
-    dict lookup (`recipes.tables.resolve`; `tables.clear_cache()` forgets)."""
-    return dict(_resolve(recipe, key, heuristic, device))
+    dict). Resolved once per (tuning, device, key): later calls with the same key cost a
+    dict lookup (`recipes._configs.resolve`; `_configs.clear_cache()` forgets)."""
+    return dict(_resolve(tuning, key, device))
 
 
-def resolve_config(recipe: str, config, key: dict, heuristic, space: dict,
-                   device: torch.device, tables: bool = True) -> dict:
+def resolve_config(tuning, config, key: dict, device: torch.device,
+                   tables: bool = True) -> dict:
     """The config a call runs: `config=None` -> the tuned table / heuristic
     (`pick_config`), or the heuristic alone with `tables=False` (a kernel the recipe's
     table was not measured on); an explicit dict -> checked against the space's keys
-    and laid over the heuristic's config (so a partial dict is enough)."""
+    and laid over the heuristic's config (so a partial dict is enough). `tuning`: the
+    recipe's `TUNING` (`recipes/_tuning.py`)."""
     if config is None:
-        return pick_config(recipe, key, heuristic, device) if tables \
-            else heuristic(key, device)
-    check_config(recipe, config, space)
-    return {**heuristic(key, device), **config}
+        return pick_config(tuning, key, device) if tables \
+            else tuning.heuristic(key, device)
+    check_config(tuning.name, config, tuning.space)
+    return {**tuning.heuristic(key, device), **config}
 
 
 def check_config(recipe: str, config: dict, space: dict) -> None:

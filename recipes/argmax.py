@@ -33,7 +33,7 @@ from ._argmax_core import (
     split_plan,
     unpack_index,
 )
-from .tuning import Tuning
+from ._tuning import Tuning
 
 NAME = "argmax"
 
@@ -105,7 +105,7 @@ def launch_argmax(logits: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
 def resolve_config(config: dict | None, dtype: torch.dtype, V: int, R: int,
                    device: torch.device, tables: bool = True) -> dict:
     key = tune_key(dtype, V, R)
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
+    return C.resolve_config(TUNING, config, key, device, tables)
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -128,46 +128,9 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None,
     return out
 
 
-# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
-def _make_inputs(key: dict, device: torch.device, seed: int):
-    """Random logits (drawn on the device: benchmarks make GBs of them) with a planted
-    tie for each row's max, so configs are compared on rows where the lowest-index rule
-    decides."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    R, V = key["R"], key["V"]
-    x = torch.randn(R, V, generator=g, device=device).to(getattr(torch, key["dtype"]))
-    if R and V > 1:
-        top = x.max(dim=1, keepdim=True).values
-        j = torch.randint(0, V, (R, 1), generator=g, device=device)
-        x.scatter_(1, j, top)
-    return x
-
-
-def _bytes(key: dict) -> int:
-    es = C.dtype_size(key["dtype"])
-    return key["R"] * key["V"] * es + key["R"] * 8
-
-
-def _default_keys(preset: str) -> list[dict]:
-    """The keys `make tune` measures ("gpu"; "smoke": one small key for the interpreter).
-    Both dtypes of the benchmark, V = 32000, 151936 and 262144, and every power-of-two R
-    from 1 to 256: each benchmark shape is a tuned key, or (V = 128256, 129280) within
-    a factor 1.2 of tuned ones at its own R and the rows either side, so dispatch never
-    lends a config from farther than a factor of 2 (and then only one measured no slower
-    there). 54 keys; the compiled binaries do not depend on R and V but for their
-    divisibility, so the tune compiles ~600 for ~7400 (key, config) pairs."""
-    if preset == "smoke":
-        return [{"dtype": "bfloat16", "V": 4096, "R": 2}]
-    return [{"dtype": d, "V": v, "R": r} for d in ("bfloat16", "float32")
-            for v in (32000, 151936, 262144) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-
-
+# --- what dispatch knows (read by the autotuner too) ---------------------------------
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-    make_inputs=_make_inputs,
-    run=lambda x, cfg: argmax(x, config=cfg),
-    reference=reference, torch_peer=reference,
-    bytes_moved=_bytes, default_keys=_default_keys,
     sources=(_argmax_kernel, chunk_argmax_packed, publish_packed, launch_argmax))
 
 

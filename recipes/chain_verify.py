@@ -73,7 +73,7 @@ from ._argmax_core import (
 )
 from ._gumbel_core import sampled_chunk_packed
 from ._registers import matching_cap
-from .tuning import Tuning
+from ._tuning import Tuning
 
 NAME = "chain_verify"
 MAXC = 4        # filtered scan: lanes scored exactly besides the top one, else rescan
@@ -496,7 +496,7 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
 
 def resolve_config(config: dict | None, key: dict, device: torch.device,
                    tables: bool = True) -> dict:
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device, tables)
+    return C.resolve_config(TUNING, config, key, device, tables)
 
 
 CONTROL_NAMES = ("top_k", "top_p", "min_p")
@@ -579,80 +579,8 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
 chain_verify.reference = reference
 
 
-# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
-def torch_sampling(logits, draft_tokens, temperature):
-    """The usual torch sampling pipeline as a peer (not the same random stream, so not
-    the same tokens): softmax(logits / T) per row, the exponential race
-    argmax(probs / Exp(1) noise), then the accept logic."""
-    B, K = draft_tokens.shape
-    x = logits.reshape(B * (K + 1), logits.shape[-1]).float()
-    t = temperature.float().repeat_interleave(K + 1)[:, None]
-    probs = torch.softmax(x / t, dim=-1)
-    tok = torch.argmax(probs / torch.empty_like(probs).exponential_(), dim=-1)
-    return accept(tok.view(B, K + 1), draft_tokens)
-
-
-def make_inputs(key: dict, device: torch.device, seed: int):
-    """(logits, drafts, sampling kwargs): logits with drafts that accept a random prefix of
-    each request's argmax; sampled keys add per-request temperatures in [0.5, 1.5], seeds
-    and positions (the drafts then match the sampled targets about as often as the argmax
-    is drawn)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    B, K, V = key["B"], key["K"], key["V"]
-    dtype = getattr(torch, key["dtype"])
-    x = torch.randn(B * (K + 1), V, generator=g, device=device).to(dtype)   # GBs: on device
-    kw = {}
-    if key.get("mode") == "sampled":
-        kw = {"temperature": 0.5 + torch.rand(B, generator=g, device=device),
-              "seeds": torch.randint(-2**62, 2**62, (B,), generator=g, device=device),
-              "positions": torch.randint(0, 2**20, (B,), generator=g, device=device)}
-    t = torch.argmax(x, dim=1).view(B, K + 1)
-    d = t[:, :K].clone()
-    if K:
-        keep = torch.randint(0, K + 1, (B, 1), generator=g, device=device)
-        col = torch.arange(K, device=device)[None, :]
-        d = torch.where(col == keep, (d + 1) % V, d)     # first miss at `keep` (none if K)
-    return x, d, kw
-
-
-def _peer(inp):
-    x, d, kw = inp
-    return torch_sampling(x, d, kw["temperature"]) if kw else reference(x, d)
-
-
-def _bytes(key: dict) -> int:
-    es = C.dtype_size(key["dtype"])
-    B, K = key["B"], key["K"]
-    extra = B * 20 if key.get("mode") == "sampled" else 0      # temperature, seed, position
-    return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16 + extra
-
-
-def _default_keys(preset: str) -> list[dict]:
-    """The keys `make tune` measures ("gpu"; "smoke": a greedy and a sampled small key).
-    Greedy: both dtypes of the benchmark x V = 32000, 151936, 262144 x every power-of-two
-    B from 1 to 256, at K = 3; sampled: bfloat16 likewise, and float32 at V = 151936 for
-    B = 1, 4, 16, 64, 256 (the benchmark's float32 sampled shapes). The benchmark's other
-    draft lengths (K = 1, 4, 7) and vocabularies (128256, 129280) lie within a factor of
-    2 of tuned keys in K + 1 and V, with tuned B either side, so dispatch borrows a config
-    there only from neighbours where it was measured no slower than the heuristic, and
-    never from farther. 86 keys, ~11600 (key, config) pairs on ~960 binaries (V and B
-    reach the kernel as runtime sizes)."""
-    if preset == "smoke":
-        return [tune_key(torch.bfloat16, 4096, 2, 3), tune_key(torch.bfloat16, 4096, 2, 3, True)]
-    pow2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    vocab = (32000, 151936, 262144)
-    greedy = [tune_key(d, v, b, 3) for d in (torch.bfloat16, torch.float32) for v in vocab
-              for b in pow2]
-    sampled = [tune_key(torch.bfloat16, v, b, 3, True) for v in vocab for b in pow2]
-    sampled += [tune_key(torch.float32, 151936, b, 3, True) for b in (1, 4, 16, 64, 256)]
-    return greedy + sampled
-
-
+# --- what dispatch knows (read by the autotuner too) ---------------------------------
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-    make_inputs=make_inputs,
-    run=lambda inp, cfg: chain_verify(inp[0], inp[1], config=cfg, **inp[2]),
-    reference=lambda inp: reference(inp[0], inp[1], **inp[2]), torch_peer=_peer,
-    bytes_moved=_bytes, default_keys=_default_keys,
     sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
              launch_verify, GC))

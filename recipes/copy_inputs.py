@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import _common as C
-from .tuning import Tuning
+from ._tuning import Tuning
 
 NAME = "copy_inputs"
 MAX_PAIRS = 16
@@ -113,7 +113,7 @@ def tune_key(n_pairs: int, pair_bytes: int) -> dict:
 
 
 def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
+    return C.resolve_config(TUNING, config, key, device)
 
 
 # --- launcher --------------------------------------------------------------------------
@@ -224,79 +224,9 @@ def copy_inputs(*args, src: Sequence[torch.Tensor] | None = None,
     return None
 
 
-# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
-_MIX = (torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.float16, torch.bool,
-        torch.int8, torch.float64)
-
-
-def _pair_sizes(key: dict):
-    """(dtype, elements) of each pair: mixed dtypes, the first pair `pair_bytes` bytes,
-    the others a few elements fewer (odd lengths)."""
-    out = []
-    for i in range(key["pairs"]):
-        dt = _MIX[i % len(_MIX)]
-        es = torch.empty((), dtype=dt).element_size()
-        out.append((dt, max(1, key["pair_bytes"] // es - (0 if i == 0 else (i * 7) % 13))))
-    return out
-
-
-def make_pairs(key: dict, device: torch.device, seed: int, *, poison: bool = True) -> dict:
-    """The pairs of `_pair_sizes(key)` as copy_inputs' arguments {"src": [...], "dst":
-    [...]}: sources random bits, destinations poisoned."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    pairs = {"src": [], "dst": []}
-    for dt, n in _pair_sizes(key):
-        es = torch.empty((), dtype=dt).element_size()
-        bits = torch.randint(-128, 128, (n * es,), generator=g, dtype=torch.int8)
-        if dt == torch.bool:                    # only 0 and 1 are bool values
-            src, fill = (bits & 1).view(torch.bool), 1
-        else:
-            src, fill = bits.view(dt), 0x5A
-        dst = torch.full((n * es,), fill if poison else 0, dtype=torch.uint8).view(dt)
-        pairs["src"].append(src.to(device))
-        pairs["dst"].append(dst.to(device))
-    return pairs
-
-
-def _bytes(key: dict) -> int:
-    """Every pair read and written once."""
-    return sum(2 * n * torch.empty((), dtype=dt).element_size() for dt, n in _pair_sizes(key))
-
-
-def _bytes_view(ts):
-    return tuple(t.reshape(-1).view(torch.int8) for t in ts)
-
-
-def _run(pairs: dict, cfg: dict):
-    """The tuner checks each config on fresh copies of the (poisoned) pairs."""
-    copy_inputs(**pairs, config=cfg)
-    return _bytes_view(pairs["dst"])
-
-
-def _ref(pairs: dict):
-    return tuple(t.clone() for t in _bytes_view(pairs["src"]))
-
-
-def _peer(pairs: dict):
-    for s, d in zip(pairs["src"], pairs["dst"], strict=True):
-        d.copy_(s)
-    return _bytes_view(pairs["dst"])
-
-
-def _default_keys(preset: str) -> list[dict]:
-    """The keys `make tune` measures ("gpu"; "smoke": one small key): the benchmark's
-    shapes, (pairs, largest pair's bytes) = (1, 4 KB), (8, 256 B), (8, 4 KB), (16, 4 KB),
-    (8, 1 MB), (2, 64 MB), (16, 16 MB). 7 keys, ~370 (key, config) pairs."""
-    if preset == "smoke":
-        return [tune_key(3, 1024)]
-    return [tune_key(p, n) for p, n in ((1, 4096), (8, 256), (8, 4096), (16, 4096),
-                                        (8, 1 << 20), (2, 64 << 20), (16, 16 << 20))]
-
-
+# --- what dispatch knows (read by the autotuner too) ---------------------------------
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-    make_inputs=make_pairs, run=_run, reference=_ref, torch_peer=_peer,
-    bytes_moved=_bytes, default_keys=_default_keys,
     sources=(_copy_inputs_kernel, _copy_chunk, launch_copy_inputs, _plan))
 
 

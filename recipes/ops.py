@@ -35,25 +35,23 @@ recipes' bit for bit (they run the same kernels).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-if TYPE_CHECKING:                # the wrappers' return types (imported at call time)
-    from .chain_verify import VerifyResult
-    from .draft_tail import DraftTail
-    from .verify_metadata import VerifyMetadata
+from .argmax import argmax as _argmax
+from .chain_verify import VerifyResult
+from .chain_verify import chain_verify as _chain_verify
+from .copy_inputs import copy_inputs as _copy_inputs
+from .draft_tail import DraftTail, column_error
+from .draft_tail import draft_tail as _draft_tail
+from .relay import relay_gather as _relay_gather
+from .relay import relay_scatter as _relay_scatter
+from .verify_metadata import VerifyMetadata
+from .verify_metadata import verify_metadata as _verify_metadata
 
 NAMESPACE = "spec_cookbook"
 _LIB = f"{NAMESPACE}::"
-
-
-def _recipes():
-    """The public API, imported at call time (so that this module registers every op even
-    while a recipe module is still missing; calling that op then fails clearly)."""
-    import recipes
-
-    return recipes
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
@@ -63,7 +61,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 # --- argmax ----------------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "argmax", mutates_args=())
 def _argmax_op(logits: torch.Tensor) -> torch.Tensor:
-    return _recipes().argmax(logits)
+    return _argmax(logits)
 
 
 @_argmax_op.register_fake
@@ -83,8 +81,8 @@ def _chain_verify_op(logits: torch.Tensor, draft_tokens: torch.Tensor,
                      seeds: Optional[torch.Tensor] = None,
                      positions: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    r = _recipes().chain_verify(logits, draft_tokens, temperature=temperature, seeds=seeds,
-                                positions=positions)
+    r = _chain_verify(logits, draft_tokens, temperature=temperature, seeds=seeds,
+                      positions=positions)
     return tuple(r)                # fresh tensors (out=None): no alias of an input
 
 
@@ -100,8 +98,6 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
                  temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
                  positions: torch.Tensor | None = None) -> VerifyResult:
     """`recipes.chain_verify` as a custom op: a `VerifyResult`."""
-    from .chain_verify import VerifyResult
-
     return VerifyResult(*torch.ops.spec_cookbook.chain_verify(
         logits, draft_tokens, temperature, seeds, positions))
 
@@ -124,8 +120,8 @@ def _draft_tail_impl(logits, rows, hidden, token_map, positions, draft_tokens, c
     `column=None` is the recipe's default (so a column given without draft_tokens still
     raises there)."""
     kw = {} if column is None else {"column": column}
-    r = _recipes().draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
-                              positions=positions, draft_tokens=draft_tokens, **kw)
+    r = _draft_tail(logits, rows=rows, hidden=hidden, token_map=token_map,
+                    positions=positions, draft_tokens=draft_tokens, **kw)
     h = r.hidden if r.hidden is not None else _empty(logits)
     return r.tokens, r.probs, h    # fresh tensors (out=None): no alias of an input
 
@@ -167,23 +163,21 @@ def draft_tail(logits: torch.Tensor, *, rows: torch.Tensor | None = None,
     on mutated optional arguments passed as None). `column`
     (default None: the recipe's 0) is only for `draft_tokens`, as in the recipe."""
     if column is not None and draft_tokens is None:
-        from .draft_tail import column_error
-
         raise column_error(column)
     if positions is None and draft_tokens is None:
         tokens, probs, h = torch.ops.spec_cookbook.draft_tail_pure(logits, rows, hidden,
                                                                    token_map)
-        return _recipes().DraftTail(tokens, probs, None if hidden is None else h)
+        return DraftTail(tokens, probs, None if hidden is None else h)
     tokens, probs, h = torch.ops.spec_cookbook.draft_tail(
         logits, rows, hidden, token_map, positions, draft_tokens, column)
-    return _recipes().DraftTail(tokens, probs, None if hidden is None else h)
+    return DraftTail(tokens, probs, None if hidden is None else h)
 
 
 # --- relay -----------------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "relay_scatter", mutates_args=("dsts",))
 def _relay_scatter_op(index: torch.Tensor, srcs: list[torch.Tensor],
                       dsts: list[torch.Tensor]) -> None:
-    _recipes().relay_scatter(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
+    _relay_scatter(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
 
 
 @_relay_scatter_op.register_fake
@@ -194,7 +188,7 @@ def _(index, srcs, dsts):
 @torch.library.custom_op(_LIB + "relay_gather", mutates_args=("dsts",))
 def _relay_gather_op(index: torch.Tensor, srcs: list[torch.Tensor],
                      dsts: list[torch.Tensor]) -> None:
-    _recipes().relay_gather(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
+    _relay_gather(index, _zip_pairs(srcs, dsts, "srcs", "dsts"))
 
 
 @_relay_gather_op.register_fake
@@ -259,9 +253,9 @@ def _verify_metadata_op(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                         req_to_token: torch.Tensor, num_tokens: int, page_size: int = 1,
                         window: Optional[int] = None, max_pages: Optional[int] = None,
                         layout: str = "fa3") -> list[torch.Tensor]:
-    r = _recipes().verify_metadata(req_pool_indices, seq_lens, req_to_token, num_tokens,
-                                   page_size=page_size, window=window, max_pages=max_pages,
-                                   layout=layout)
+    r = _verify_metadata(req_pool_indices, seq_lens, req_to_token, num_tokens,
+                         page_size=page_size, window=window, max_pages=max_pages,
+                         layout=layout)
     outs = [getattr(r, f) for f in METADATA_FIELDS]
     outs = [_empty(seq_lens) if t is None else t for t in outs]
     return outs                    # fresh tensors (out=None): no alias of an input
@@ -295,14 +289,14 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
         req_pool_indices, seq_lens, req_to_token, num_tokens, page_size, window, max_pages,
         layout)
     have = _metadata_fields(layout)
-    return _recipes().VerifyMetadata(**{f: (t if f in have else None)
+    return VerifyMetadata(**{f: (t if f in have else None)
                                         for f, t in zip(METADATA_FIELDS, outs, strict=False)})
 
 
 # --- copy_inputs -----------------------------------------------------------------------
 @torch.library.custom_op(_LIB + "copy_inputs", mutates_args=("dsts",))
 def _copy_inputs_op(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> None:
-    _recipes().copy_inputs(src=srcs, dst=dsts)
+    _copy_inputs(src=srcs, dst=dsts)
 
 
 @_copy_inputs_op.register_fake

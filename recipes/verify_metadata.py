@@ -62,7 +62,7 @@ import triton.language as tl
 
 from . import _common as C
 from ._argmax_core import split_plan
-from .tuning import Tuning
+from ._tuning import Tuning
 
 NAME = "verify_metadata"
 LAYOUTS = ("fa3", "flashinfer", "both")
@@ -210,19 +210,6 @@ def engine_torch(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
         res["kv_indices"] = buf[: B * mp]
         res["kv_last_page_len"] = seqk - (pages - 1) * ps
     return VerifyMetadata(**res)
-
-
-def metadata_equal(ours, ref) -> bool:
-    """Bitwise equality of two VerifyMetadata, comparing kv_indices only up to
-    ref.kv_indptr[B] (the entries past it are unspecified)."""
-    from .tuning import outputs_equal
-
-    ours, ref = list(ours), list(ref)
-    k = VerifyMetadata._fields.index("kv_indices")
-    if ref[k] is not None and ours[k] is not None:
-        total = int(ref[VerifyMetadata._fields.index("kv_indptr")][-1])
-        ours[k], ref[k] = ours[k][:total], ref[k][:total]
-    return outputs_equal(tuple(ours), tuple(ref))
 
 
 # --- kernel ----------------------------------------------------------------------------
@@ -389,7 +376,7 @@ def tune_key(layout: str, page_size: int, B: int, max_pages: int) -> dict:
 
 
 def resolve_config(config: dict | None, key: dict, device: torch.device) -> dict:
-    return C.resolve_config(NAME, config, key, heuristic, SPACE, device)
+    return C.resolve_config(TUNING, config, key, device)
 
 
 # --- launcher --------------------------------------------------------------------------
@@ -515,85 +502,10 @@ def verify_metadata(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     return VerifyMetadata(**o)
 
 
-# --- tuning declaration (read by the autotuner; see recipes/tuning.py) ---------------
-TUNE_N = 4   # verify tokens (K + 1) in tuning and benchmark inputs
-
-
-def make_inputs(key: dict, device: torch.device, seed: int, *, N: int = TUNE_N,
-                context: int | None = None, window: int | None = None) -> dict:
-    """In-range inputs for a key: P = B + 5 pool rows (row stride C + 16), random slot
-    ids in req_to_token, requests at random pool rows with seq_lens in [0, C - N]
-    (or near `context` when given)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    B, ps, mp = key["B"], key["page_size"], key["max_pages"]
-    Cap = mp * ps
-    P = B + 5
-    base = torch.randint(0, 1 << 24, (P, Cap + 16), generator=g, dtype=torch.int32)
-    r2t = base.to(device)[:, :Cap]
-    rpi = torch.randperm(P, generator=g)[:B].to(torch.int64)
-    if context is None:
-        seq = torch.randint(0, max(Cap - N, 0) + 1, (B,), generator=g)
-    else:
-        hi = max(min(context, Cap) - N, 0)
-        seq = (hi - torch.randint(0, max(1, hi // 8) + 1, (B,), generator=g)).clamp(min=0)
-    return {"req_pool_indices": rpi.to(device), "seq_lens": seq.to(device),
-            "req_to_token": r2t, "num_tokens": N, "page_size": ps, "window": window,
-            "max_pages": mp, "layout": key["layout"]}
-
-
-def _bytes(key: dict, N: int = TUNE_N) -> int:
-    """Inputs read (indices, lengths, N slots and one slot per page) and outputs written
-    (the page table row in full for fa3)."""
-    B, mp = key["B"], key["max_pages"]
-    fa3 = key["layout"] in ("fa3", "both")
-    fi = key["layout"] in ("flashinfer", "both")
-    n = B * 16 + B * N * 4 + B * mp * 4                        # reads (pages at most mp)
-    n += B * N * 16 + B * 4 + (B + 1) * 8 + 4                  # positions, loc, seqk, cu, max
-    n += B * mp * 4 if fa3 else 0
-    n += (B + 1) * 4 + B * mp * 4 + B * 4 if fi else 0
-    return n
-
-
-def _default_keys(preset: str) -> list[dict]:
-    """The keys `make tune` measures ("gpu"; "smoke": one small key): the benchmark's
-    shapes, layout fa3 at page sizes 64 and 1 x contexts 4096, 32768, 163840 tokens
-    (max_pages = context / page size) x B = 1, 8, 64, 256, and layout both at B = 8,
-    32768 tokens, page size 64. 25 keys, ~2600 (key, config) pairs."""
-    if preset == "smoke":
-        return [tune_key("both", 16, 2, 64)]
-    keys = [tune_key("fa3", ps, b, -(-ctx // ps)) for ps in (64, 1)
-            for ctx in (4096, 32768, 163840) for b in (1, 8, 64, 256)]
-    return keys + [tune_key("both", 64, 8, 32768 // 64)]
-
-
-def _tune_inputs(key: dict, device: torch.device, seed: int) -> tuple[dict, VerifyMetadata]:
-    """What the tuner and `make bench` time at a key: (arguments, preallocated outputs).
-    Requests near its full width (max_pages x page_size tokens), the heaviest call the
-    key covers; the outputs passed as `out=`, so each rotated input set writes its own
-    buffers, as an engine's step writes buffers that the rest of the step has evicted
-    from L2. A key's best config depends on both: with lengths drawn over the whole
-    range, or with every call writing one freshly allocated page table (a graph reuses
-    the block, so it stays in L2), B=64 at 4096 one-token pages chose 4 programs a row,
-    which ran full rows into rotated outputs 2-3% slower than the heuristic's 16."""
-    inp = make_inputs(key, device, seed, context=key["max_pages"] * key["page_size"])
-    out = verify_metadata(**inp)
-    for t in out:                       # no answer left in them: a check must write it
-        if isinstance(t, torch.Tensor):
-            t.fill_(-0x5A5A5A5A)
-    return inp, out
-
-
-def _run(inp: tuple, cfg: dict) -> VerifyMetadata:
-    return verify_metadata(**inp[0], out=inp[1], config=cfg)
-
-
+# --- what dispatch knows (read by the autotuner too) ---------------------------------
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
-    make_inputs=_tune_inputs, run=_run,
-    reference=lambda inp: reference(**inp[0]), torch_peer=lambda inp: engine_torch(**inp[0]),
-    compare=metadata_equal, bytes_moved=_bytes, default_keys=_default_keys,
-    sources=(_verify_metadata_kernel, _geometry, _page_of, launch_verify_metadata,
-             _tune_inputs, _run))
+    sources=(_verify_metadata_kernel, _geometry, _page_of, launch_verify_metadata))
 
 
 verify_metadata.reference = reference

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from autotune.registry import bits  # the tuner's correctness check compares these too
+from autotune.bitwise import bits  # the tuner's correctness check compares these too
 from tests.conftest import ON_GPU  # noqa: F401  (re-exported)
 
 

@@ -71,7 +71,7 @@ fi
   || { echo "gpu_pass: no CUDA device visible to $PY" >&2; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi \
   --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv >"$out/gpu.txt" 2>&1
-slug=$("$PY" -c "from recipes.tables import gpu_slug; print(gpu_slug())")
+slug=$("$PY" -c "from recipes._configs import gpu_slug; print(gpu_slug())")
 results=results/$slug
 limit=${STEP_TIMEOUT:-570}
 bench_cap=${BENCH_MAX_S:-500}

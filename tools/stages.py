@@ -61,7 +61,7 @@ import triton.language as tl
 
 from autotune.timing import rotation, time_graph
 from recipes import _common as C
-from recipes import tables
+from recipes import _configs as dispatch
 from recipes._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
@@ -223,7 +223,7 @@ class Shape:
     def _setup(self, B, N, V, dtype, device, sampled: bool, sets):
         """What every stage shape holds (its key, the op's tensor, the stage kernels'
         token and per-program outputs); returns `sets` input sets of
-        `chain_verify.make_inputs` (default: the bench's rotation)."""
+        `autotune.suites.chain_verify.make_inputs` (default: the bench's rotation)."""
         self.B, self.N, self.V, self.dtype, self.device = B, N, V, dtype, device
         self.only = None                  # the stages to time (None: every one)
         self.key = CV.tune_key(dtype, V, B, N - 1, sampled=sampled)
@@ -235,7 +235,8 @@ class Shape:
         # one slot a program of the largest grid
         self.slots = torch.empty(rows * max(SPLIT_SPACE["SPLIT"]), dtype=torch.int64,
                                  device=device)
-        return [CV.make_inputs(self.key, device, seed=i) for i in range(sets)]
+        from autotune.suites.chain_verify import make_inputs
+        return [make_inputs(self.key, device, seed=i) for i in range(sets)]
 
     def label(self) -> str:
         return f"B={self.B} N={self.N} V={self.V} {str(self.dtype).replace('torch.', '')}"
@@ -378,9 +379,9 @@ def configs_for(shape: Shape, targets=PROGRAM_TARGETS, tiles=(),
     alike are one), none that `admit(config)` refuses."""
     out = []
     heur = CV.heuristic(shape.key, shape.device)
-    path = tables.find_table(tables.gpu_slug(shape.device), CV.NAME)
+    path = dispatch.find_table(dispatch.gpu_slug(shape.device), CV.NAME)
     if path is not None:
-        out += [("tuned", {**heur, **e["config"]}) for e in tables.load_table(path)["entries"]
+        out += [("tuned", {**heur, **e["config"]}) for e in dispatch.load_table(path)["entries"]
                 if e["key"] == shape.key]
     out.append(("heuristic", heur))
     rows = shape.B * shape.N

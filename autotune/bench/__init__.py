@@ -1,6 +1,6 @@
 """`make bench` (`python -m autotune bench`): every registered benchmark suite on this GPU.
 
-Suites are declared per recipe under `autotune/suites/` (`autotune.registry.BenchSuite`);
+Suites are declared per recipe under `autotune/suites/` (`autotune.declare.BenchSuite`);
 this package knows none by name. Its modules, by concern:
 
     cli       the command line (`main`): which suites, where to, time cap, render only

@@ -78,7 +78,7 @@ def _cap(args) -> float | None:
 def _results_root(args) -> Path:
     if args.results:
         return Path(args.results)
-    from recipes.tables import results_root
+    from recipes._configs import results_root
 
     return results_root()
 
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
         preset = args.preset or "full"
-        from recipes.tables import gpu_slug
+        from recipes._configs import gpu_slug
 
         out = Path(args.out) if args.out else _results_root(args) / gpu_slug(device)
         if preset != "full" and not args.out:     # never over the committed full results
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
               + ("." if args.out or args.results else
                "; nothing is written (no --out or --results)."))
         preset = "smoke"
-        from recipes.tables import gpu_slug
+        from recipes._configs import gpu_slug
 
         out = Path(args.out) if args.out else (
             _results_root(args) / gpu_slug(device) / "bench-smoke" if args.results else None)

@@ -9,7 +9,7 @@ is also timed with its calls back to back ("ours (back to back)": there a launch
 programmatic dependent launch overlaps the call before it), and once more at the end
 with the primary timing ("ours (repeat)": the two medians give the noise). When this
 GPU has a tuned table whose config for the case differs from the heuristic's, "ours" is
-timed once more with the heuristic config (`recipes.tables.heuristic_only`). Eager
+timed once more with the heuristic config (`recipes._configs.heuristic_only`). Eager
 variants are plain calls timed with events (`timing.time_eager`).
 
 Once per run, a copy kernel is timed at every power-of-two size from 16 KiB to 1 GiB a
@@ -163,7 +163,7 @@ def tuned_status(fn, state, device) -> tuple[str, list]:
     """Run `fn(state)` once with config tracing on: 'none' (no tuned config was used),
     'same' (every tuned config equals the heuristic's) or 'differs'; plus the traces."""
     from autotune.registry import tunables
-    from recipes import tables as dispatch
+    from recipes import _configs as dispatch
 
     with dispatch.trace_configs() as trace:
         fn(state)
@@ -252,7 +252,7 @@ def suite_result(suite, preset: str, complete: bool = True) -> dict:
 
 def _time_case(case, entry, states, device, reps: int, est_us: float, behind) -> None:
     """Every variant of one case into `entry` (a failing variant is an error cell)."""
-    from recipes import tables as dispatch
+    from recipes import _configs as dispatch
 
     ours = case.variants.get("ours")
     cuda = device.type == "cuda"

@@ -1,6 +1,8 @@
-"""Benchmark suites, one module a recipe: the shapes the benchmark covers, how to make
-each case's inputs, and the variants timed on it ("ours" and torch's ways). Each module
-lists its suites in `SUITES` (`autotune.registry.load_suites`)."""
+"""What tuning and benchmarking a recipe need beyond dispatch, one module a recipe: its
+tuning inputs, bytes moved, default keys and torch peers, paired with the recipe's
+`TUNING` in `TUNABLES` (`autotune.declare.Tunable`), and its benchmark `SUITES` (the
+shapes covered, each case's inputs, the variants timed: "ours" and torch's ways).
+`autotune.registry` collects both."""
 
 
 def dtype_name(dt) -> str:
@@ -14,7 +16,7 @@ def with_pdl(call, name: str = "ours") -> dict:
     kernel, next to "ours" (PDL off, the default), says what PDL costs there; "<name>,
     PDL on (back to back)" says what it saves where our launches follow each other."""
     import recipes
-    from autotune.registry import BenchVariant
+    from autotune.declare import BenchVariant
 
     def run(s):
         with recipes.pdl_on():

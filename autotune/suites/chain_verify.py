@@ -1,17 +1,93 @@
-"""Benchmarks of chain_verify, greedy and sampled, against torch pipelines."""
+"""chain_verify beyond dispatch: its tuning inputs, keys and torch peers, and the
+benchmarks of it, greedy and sampled, against torch pipelines."""
 import torch
 
-from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from autotune.declare import BenchCase, BenchSuite, BenchVariant, Tunable
 from autotune.suites import dtype_name, with_pdl
+from recipes import _common as C
 from recipes.chain_verify import (
     TUNING,
     VerifyResult,
+    accept,
     chain_verify,
-    make_inputs,
     reference,
-    torch_sampling,
     tune_key,
 )
+
+
+def torch_sampling(logits, draft_tokens, temperature):
+    """The usual torch sampling pipeline as a peer (not the same random stream, so not
+    the same tokens): softmax(logits / T) per row, the exponential race
+    argmax(probs / Exp(1) noise), then the accept logic."""
+    B, K = draft_tokens.shape
+    x = logits.reshape(B * (K + 1), logits.shape[-1]).float()
+    t = temperature.float().repeat_interleave(K + 1)[:, None]
+    probs = torch.softmax(x / t, dim=-1)
+    tok = torch.argmax(probs / torch.empty_like(probs).exponential_(), dim=-1)
+    return accept(tok.view(B, K + 1), draft_tokens)
+
+
+def make_inputs(key: dict, device: torch.device, seed: int):
+    """(logits, drafts, sampling kwargs): logits with drafts that accept a random prefix of
+    each request's argmax; sampled keys add per-request temperatures in [0.5, 1.5], seeds
+    and positions (the drafts then match the sampled targets about as often as the argmax
+    is drawn)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, K, V = key["B"], key["K"], key["V"]
+    dtype = getattr(torch, key["dtype"])
+    x = torch.randn(B * (K + 1), V, generator=g, device=device).to(dtype)   # GBs: on device
+    kw = {}
+    if key.get("mode") == "sampled":
+        kw = {"temperature": 0.5 + torch.rand(B, generator=g, device=device),
+              "seeds": torch.randint(-2**62, 2**62, (B,), generator=g, device=device),
+              "positions": torch.randint(0, 2**20, (B,), generator=g, device=device)}
+    t = torch.argmax(x, dim=1).view(B, K + 1)
+    d = t[:, :K].clone()
+    if K:
+        keep = torch.randint(0, K + 1, (B, 1), generator=g, device=device)
+        col = torch.arange(K, device=device)[None, :]
+        d = torch.where(col == keep, (d + 1) % V, d)     # first miss at `keep` (none if K)
+    return x, d, kw
+
+
+def _peer(inp):
+    x, d, kw = inp
+    return torch_sampling(x, d, kw["temperature"]) if kw else reference(x, d)
+
+
+def bytes_moved(key: dict) -> int:
+    es = C.dtype_size(key["dtype"])
+    B, K = key["B"], key["K"]
+    extra = B * 20 if key.get("mode") == "sampled" else 0      # temperature, seed, position
+    return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16 + extra
+
+
+def default_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures ("gpu"; "smoke": a greedy and a sampled small key).
+    Greedy: both dtypes of the benchmark x V = 32000, 151936, 262144 x every power-of-two
+    B from 1 to 256, at K = 3; sampled: bfloat16 likewise, and float32 at V = 151936 for
+    B = 1, 4, 16, 64, 256 (the benchmark's float32 sampled shapes). The benchmark's other
+    draft lengths (K = 1, 4, 7) and vocabularies (128256, 129280) lie within a factor of
+    2 of tuned keys in K + 1 and V, with tuned B either side, so dispatch borrows a config
+    there only from neighbours where it was measured no slower than the heuristic, and
+    never from farther. 86 keys, ~11600 (key, config) pairs on ~960 binaries (V and B
+    reach the kernel as runtime sizes)."""
+    if preset == "smoke":
+        return [tune_key(torch.bfloat16, 4096, 2, 3), tune_key(torch.bfloat16, 4096, 2, 3, True)]
+    pow2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    vocab = (32000, 151936, 262144)
+    greedy = [tune_key(d, v, b, 3) for d in (torch.bfloat16, torch.float32) for v in vocab
+              for b in pow2]
+    sampled = [tune_key(torch.bfloat16, v, b, 3, True) for v in vocab for b in pow2]
+    sampled += [tune_key(torch.float32, 151936, b, 3, True) for b in (1, 4, 16, 64, 256)]
+    return greedy + sampled
+
+
+TUNABLES = [Tunable(
+    TUNING, make_inputs=make_inputs,
+    run=lambda inp, cfg: chain_verify(inp[0], inp[1], config=cfg, **inp[2]),
+    reference=lambda inp: reference(inp[0], inp[1], **inp[2]), torch_peer=_peer,
+    bytes_moved=bytes_moved, default_keys=default_keys)]
 
 
 def _greedy_shapes(preset: str):
@@ -55,7 +131,7 @@ def _bench_cases(preset: str):
             variants.update(with_pdl(ours))
         cases.append(BenchCase(
             label={"dtype": dtype_name(dt), "B": B, "K": K, "V": V},
-            make=make, bytes=TUNING.bytes_moved(key),
+            make=make, bytes=bytes_moved(key),
             variants={
                 **variants,
                 "torch eager": BenchVariant(lambda s: reference(s["x"], s["d"]),
@@ -77,7 +153,7 @@ def _sampled_bench_cases(preset: str):
 
         cases.append(BenchCase(
             label={"dtype": dtype_name(dt), "B": B, "K": K, "V": V},
-            make=make, bytes=TUNING.bytes_moved(key),
+            make=make, bytes=bytes_moved(key),
             variants={
                 "ours": BenchVariant(
                     lambda s: chain_verify(s["x"], s["d"], out=s["out"], **s["kw"])),
@@ -119,7 +195,7 @@ def _controls_bench_cases(preset: str):
 
             cases.append(BenchCase(
                 label={"dtype": "bfloat16", "B": B, "K": 3, "V": V, "controls": name},
-                make=make, bytes=TUNING.bytes_moved(key),
+                make=make, bytes=bytes_moved(key),
                 variants={
                     "ours": BenchVariant(lambda s: chain_verify(
                         s["x"], s["d"], out=s["out"], **s["kw"], **s["c"])),

@@ -1,4 +1,5 @@
-"""Benchmark of recipes.compat.sglang: the three SGLang top-1 adapters against torch.
+"""recipes.compat.sglang beyond dispatch: the tuning inputs of its three launches (each
+its own table), and the benchmark of the three SGLang top-1 adapters against torch.
 
 Shapes are the drop-in targets': the verifier at B = 1..256 (N = 4, V = 151936, bf16),
 at B = 1 over other vocabularies, N and dtypes, and at B = 32, N = 6, V = 154880 fp32;
@@ -11,13 +12,106 @@ import inspect
 
 import torch
 
-from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from autotune.declare import BenchCase, BenchSuite, BenchVariant, Tunable
+from autotune.suites import chain_verify as CV
+from autotune.suites import draft_tail as DT
 from autotune.suites import dtype_name, with_pdl
 from recipes.chain_verify import VerifyResult, chain_verify, reference, tune_key
 from recipes.compat import sglang as S
-from recipes.draft_tail import TUNING as DRAFT_TAIL
-from recipes.draft_tail import make_inputs as draft_inputs
 from recipes.draft_tail import tune_key as draft_key
+
+
+def verify_tune_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """chain_verify's greedy inputs for the key in SGLang's arguments: candidates = a last
+    committed token then the drafts, the chain's retrieve tensors, seq_lens < 32768."""
+    logits, drafts, _ = CV.make_inputs(key, device, seed)
+    B, N = drafts.shape[0], key["K"] + 1
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    last = torch.randint(0, key["V"], (B, 1), generator=g).to(device)
+    cand = torch.cat([last, drafts.to(torch.int64)], dim=1)
+    ridx = torch.arange(B * N, device=device).view(B, N)
+    rnext = torch.arange(1, N + 1, device=device).repeat(B, 1)
+    rnext[:, -1] = -1
+    seq = torch.randint(1, 32768, (B,), generator=g).to(device)
+    return logits, cand, ridx, rnext, seq
+
+
+def _verify_bytes(key: dict) -> int:
+    """chain_verify's bytes plus the SGLang fields: seq_lens and the last token read,
+    accept_index, draft_tokens, accept_lens and new_seq_lens written."""
+    B, N = key["B"], key["K"] + 1
+    return CV.bytes_moved(key) + B * 16 + B * N * 12 + B * 12
+
+
+def _verify_keys(preset: str) -> list[dict]:
+    """The keys `make tune` measures: bfloat16 V=151936 N=4 at every power-of-two B from 1
+    to 256, and at B=1 the other vocabularies (129280, 262144), N (2, 8) and float32 of
+    SGLang's verify table (`python -m autotune bench --suite compat_sglang`), with its
+    float32 B=32 N=6 V=154880; 15 keys. "smoke": one small key."""
+    if preset == "smoke":
+        return [tune_key(torch.bfloat16, 4096, 2, 3)]
+    bf16, f32 = torch.bfloat16, torch.float32
+    keys = [tune_key(bf16, 151936, b, 3) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    keys += [tune_key(bf16, v, 1, 3) for v in (129280, 262144)]
+    keys += [tune_key(bf16, 151936, 1, k) for k in (1, 7)]
+    return keys + [tune_key(f32, 151936, 1, 3), tune_key(f32, 154880, 32, 5)]
+
+
+def _extend_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """draft_tail's tuning inputs for the key in SGLang's arguments (logits [2B, Vd] with
+    planted ties, B rows selected out of order, hidden rows), and `out=`: draft_tail's
+    poisoned outputs (a check must write them) in SGLang's [B, 1] fields, so each rotated
+    input set writes its own buffers, as an engine's step does."""
+    inp = DT.tune_inputs(key, device, seed)
+    o = inp["out"]
+    out = (o.probs.unsqueeze(1), o.tokens.unsqueeze(1), o.hidden, None)
+    return inp["logits"], inp["rows"], inp["hidden"], out
+
+
+def _extend_run(inp: tuple, cfg: dict) -> tuple:
+    x, rows, hid, out = inp
+    return S.draft_extend_topk1_postprocess(x, rows, hid, out=out, config=cfg)
+
+
+def _topk1_keys(preset: str) -> list[dict]:
+    return [{**k, "H": 0} for k in DT.default_keys(preset)]
+
+
+def _topk1_inputs(key: dict, device: torch.device, seed: int) -> tuple:
+    """The first B rows of draft_tail's tuning logits (a planted tie in every row) as
+    SGLang's draft step passes them, [B, Vd]; positions; a 4-column draft_tokens written
+    at column 1; `out=`: poisoned (topk_p, topk_index), which a check must write."""
+    inp = DT.tune_inputs({**key, "H": 0}, device, seed)
+    B, o = key["B"], inp["out"]
+    x = inp["logits"][:B].clone()
+    return x, inp["positions"], inp["draft_tokens"], inp["column"], \
+        (o.probs.unsqueeze(1), o.tokens.unsqueeze(1))
+
+
+def _topk1_run(inp: tuple, cfg: dict) -> tuple:
+    x, pos, drafts, column, out = inp
+    return (*S.draft_topk1_postprocess(x, pos, drafts, column, out=out, config=cfg), pos,
+            drafts)
+
+
+def _topk1_reference(inp: tuple) -> tuple:
+    x, pos, drafts, column, _ = inp
+    return (*S.draft_topk1_reference(x, pos, drafts, column), pos, drafts)
+
+
+TUNABLES = [
+    Tunable(S.TUNING, make_inputs=verify_tune_inputs,
+            run=lambda inp, cfg: S.target_verify_topk1_postprocess(*inp, config=cfg),
+            reference=lambda inp: S.target_verify_reference(*inp),
+            bytes_moved=_verify_bytes, default_keys=_verify_keys),
+    Tunable(S.EXTEND_TUNING, make_inputs=_extend_inputs, run=_extend_run,
+            reference=lambda inp: S.draft_extend_reference(*inp[:3]),
+            bytes_moved=DT.bytes_moved, default_keys=DT.default_keys),
+    Tunable(S.TOPK1_TUNING, make_inputs=_topk1_inputs, run=_topk1_run,
+            reference=_topk1_reference,
+            bytes_moved=lambda key: DT.bytes_moved({**key, "H": 0}),
+            default_keys=_topk1_keys),
+]
 
 
 def _takes_out(fn) -> bool:
@@ -51,11 +145,11 @@ def _draft_shapes(preset: str):
 
 
 def _verify_inputs(key: dict, device, seed: int) -> dict:
-    """The verifier's SGLang arguments as the tuner makes them (`S.TUNING`: logits whose
-    argmax accepts a random prefix of the drafts, candidates = [last committed token,
-    drafts], the chain layout, seq_lens), plus the drafts alone (contiguous) for
-    chain_verify."""
-    x, cand, ridx, rnext, seq = S.TUNING.make_inputs(key, device, seed)
+    """The verifier's SGLang arguments as the tuner makes them (`verify_tune_inputs`:
+    logits whose argmax accepts a random prefix of the drafts, candidates = [last
+    committed token, drafts], the chain layout, seq_lens), plus the drafts alone
+    (contiguous) for chain_verify."""
+    x, cand, ridx, rnext, seq = verify_tune_inputs(key, device, seed)
     return {"logits": x, "candidates": cand, "retrieve_index": ridx,
             "retrieve_next_token": rnext, "seq_lens": seq,
             "drafts": cand[:, 1:].contiguous()}
@@ -130,7 +224,7 @@ def _draft_cases(preset: str):
         key = draft_key(torch.bfloat16, V, B, H)
 
         def make_extend(device, seed, key=key):
-            inp = draft_inputs(key, device, seed)     # logits [2B, V], B rows selected
+            inp = DT.make_inputs(key, device, seed)     # logits [2B, V], B rows selected
             s = {"logits": inp["logits"], "rows": inp["rows"], "hidden": inp["hidden"]}
             if extend_out:
                 s["out"] = _like(S.draft_extend_topk1_postprocess(
@@ -143,7 +237,7 @@ def _draft_cases(preset: str):
                                                     **kw)
 
         def make_topk1(device, seed, key=key, B=B):
-            inp = draft_inputs(key, device, seed)
+            inp = DT.make_inputs(key, device, seed)
             s = {"logits": inp["logits"][:B].clone(), "positions": inp["positions"],
                  "draft_tokens": inp["draft_tokens"], "column": inp["column"]}
             if topk1_out:
@@ -159,14 +253,14 @@ def _draft_cases(preset: str):
         label = {"dtype": "bfloat16", "B": B, "V": V}
         cases.append(BenchCase(
             label={"op": "draft_extend", **label, "H": H}, make=make_extend,
-            bytes=DRAFT_TAIL.bytes_moved(key),
+            bytes=DT.bytes_moved(key),
             variants={"ours": BenchVariant(extend),
                       "torch eager": BenchVariant(_torch_draft_extend, eager=True,
                                                   peer=True),
                       "torch graph": BenchVariant(_torch_draft_extend, peer=True)}))
         cases.append(BenchCase(
             label={"op": "draft_topk1", **label}, make=make_topk1,
-            bytes=DRAFT_TAIL.bytes_moved({**key, "H": 0}),
+            bytes=DT.bytes_moved({**key, "H": 0}),
             variants={"ours": BenchVariant(topk1),
                       "torch eager": BenchVariant(_torch_draft, eager=True, peer=True),
                       "torch graph": BenchVariant(_torch_draft, peer=True)}))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 import recipes
-from autotune.registry import BenchCase, BenchSuite, BenchVariant
+from autotune.declare import BenchCase, BenchSuite, BenchVariant
 from recipes import tp
 
 DTYPE = torch.bfloat16

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from ..registry import Tunable
+from ..declare import Tunable
 from ..timing import (
     Timing,
     plain_op,

@@ -33,7 +33,7 @@ class Options:
     budget_s: float | None = None             # None: BUDGET_S; 0: none
     seed: int = 0
     top: int = 2                              # best configs re-timed with the heuristic's
-    results: str | None = None                # results root (default: recipes.tables')
+    results: str | None = None                # results root (default: recipes._configs')
     package: str = "recipes"
     progress: bool = True
     search_reps: int | None = None
@@ -65,5 +65,5 @@ def resolve(opts: Options, device: torch.device) -> Options:
 
 
 def results_dir(opts: Options) -> Path:
-    from recipes.tables import results_root
+    from recipes._configs import results_root
     return Path(opts.results) if opts.results else results_root()

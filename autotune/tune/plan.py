@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recipes._tuning import key_str
+
 from .. import registry
-from ..registry import Tunable, key_str
+from ..declare import Tunable
 from .options import Options
 from .search import config_id, order_configs, space_config
 
@@ -135,7 +137,7 @@ def plan(opts: Options, slug: str, device: torch.device,
 
     jobs = []
     for t in tunables if tunables is not None else select_tunables(opts):
-        sh, src = t.space_hash(), t.source_hash()
+        sh, src = t.space_hash(), t.study_hash()
         for key in keys_for(t, opts.preset, opts.overrides):
             grid = t.configs(key)
             if not grid:

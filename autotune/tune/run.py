@@ -444,7 +444,7 @@ def start(opts: Options) -> Start:
     opts = resolve(opts, device)
     phases = Phases()
     phases.add("startup", max(0.0, time.monotonic() - opts.started))
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     with phases("plan"):
         slug = gpu_slug(device)

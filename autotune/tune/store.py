@@ -36,7 +36,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ..registry import key_str
+from recipes._tuning import key_str
+
 from .search import results_of
 
 JOURNAL = "studies.journal"

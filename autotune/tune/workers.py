@@ -79,7 +79,7 @@ def _worker_main(opts, index: int, n: int, q) -> None:
             torch.cuda.set_device(index % torch.cuda.device_count())
         from .device import select_device
         device = select_device()
-        from recipes.tables import gpu_slug
+        from recipes._configs import gpu_slug
 
         from .budget import Coverage
         from .options import resolve, results_dir

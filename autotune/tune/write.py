@@ -26,9 +26,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from recipes.tables import MIN_GAIN
+from recipes._configs import MIN_GAIN
+from recipes._tuning import key_str
 
-from ..registry import key_str
 from ..tables import FORMAT, table_path, update_table, write_json_atomic
 from ..timing import Timing
 from .measure import Measurer, error_text

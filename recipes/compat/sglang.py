@@ -98,12 +98,12 @@ import torch
 
 from .. import _common as C
 from .._registers import matching_cap, register_cap
+from .._tuning import Tuning
 from ..chain_verify import SPACE as VERIFY_SPACE
 from ..chain_verify import TUNING as CHAIN_VERIFY_TUNING
 from ..chain_verify import VerifyResult, check_draft_width, launch_verify
 from ..chain_verify import constraint as verify_constraint
 from ..chain_verify import heuristic as verify_heuristic
-from ..chain_verify import make_inputs as verify_inputs
 from ..chain_verify import reference as verify_reference
 from ..chain_verify import tune_key as verify_key
 from ..draft_tail import COLUMN_DEFAULT, DraftTail, launch_draft_tail
@@ -117,7 +117,6 @@ from ..draft_tail import resolve_config as tail_resolve_config
 from ..draft_tail import tune_key as tail_key
 from ..relay import FIELD_DTYPES
 from ..relay import reference_gather as relay_reference_gather
-from ..tuning import Tuning
 
 
 class TargetVerifyTopk1Output(NamedTuple):
@@ -267,8 +266,7 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
     K, V = N - 1, next_token_logits.shape[-1]
     # this launch's own table (VERIFY_TABLE): SGLang's epilogue changes which of
     # chain_verify's configs are fast, so chain_verify's table is not borrowed
-    cfg = C.resolve_config(VERIFY_TABLE, config, verify_key(next_token_logits.dtype, V, B, K),
-                           verify_heuristic, VERIFY_SPACE, dev)
+    cfg = C.resolve_config(TUNING, config, verify_key(next_token_logits.dtype, V, B, K), dev)
     launch_verify(next_token_logits, candidates[:, 1:],
                   VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
                                res.select_index),
@@ -308,7 +306,7 @@ def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Te
         # this launch's own table (TOPK1_TABLE): draft_tail's time a launch with row
         # indices, a token map and hidden rows, which rank configs otherwise
         key = tail_key(x.dtype, V, B, 0)
-        cfg = C.pick_config(TOPK1_TABLE, key, tail_heuristic, dev) if config is None \
+        cfg = C.pick_config(TOPK1_TUNING, key, dev) if config is None \
             else tail_resolve_config(config, key, dev)
         launch_draft_tail(x, None, None, None, positions, draft_tokens, c.column,
                           c.out.tokens, c.out.probs, None, cfg)
@@ -357,8 +355,8 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
     # map, positions and a draft column, which rank configs otherwise. It is timed
     # without DSA rows, whose copy programs join the grid: with them, the heuristic's
     H = 0 if hidden is None else hidden.shape[1]
-    cfg = C.resolve_config(EXTEND_TABLE, config, tail_key(x.dtype, V, B, H), tail_heuristic,
-                           TAIL_SPACE, dev, tables=dsa is None)
+    cfg = C.resolve_config(EXTEND_TUNING, config, tail_key(x.dtype, V, B, H), dev,
+                           tables=dsa is None)
     launch_draft_tail(x, row_indices, hidden, None, None, None, 0, idx.view(-1), p.view(-1),
                       h_out, cfg, gather=None if dsa is None else (dsa, d_out))
     return p, idx, h_out, d_out
@@ -393,50 +391,10 @@ def target_verify_reference(next_token_logits: torch.Tensor, candidates: torch.T
         predict.to(torch.int64))
 
 
-def _verify_inputs(key: dict, device: torch.device, seed: int) -> tuple:
-    """chain_verify's greedy inputs for the key in SGLang's arguments: candidates = a last
-    committed token then the drafts, the chain's retrieve tensors, seq_lens < 32768."""
-    logits, drafts, _ = verify_inputs(key, device, seed)
-    B, N = drafts.shape[0], key["K"] + 1
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    last = torch.randint(0, key["V"], (B, 1), generator=g).to(device)
-    cand = torch.cat([last, drafts.to(torch.int64)], dim=1)
-    ridx = torch.arange(B * N, device=device).view(B, N)
-    rnext = torch.arange(1, N + 1, device=device).repeat(B, 1)
-    rnext[:, -1] = -1
-    seq = torch.randint(1, 32768, (B,), generator=g).to(device)
-    return logits, cand, ridx, rnext, seq
-
-
-def _verify_bytes(key: dict) -> int:
-    """chain_verify's bytes plus the SGLang fields: seq_lens and the last token read,
-    accept_index, draft_tokens, accept_lens and new_seq_lens written."""
-    B, N = key["B"], key["K"] + 1
-    return CHAIN_VERIFY_TUNING.bytes_moved(key) + B * 16 + B * N * 12 + B * 12
-
-
-def _verify_keys(preset: str) -> list[dict]:
-    """The keys `make tune` measures: bfloat16 V=151936 N=4 at every power-of-two B from 1
-    to 256, and at B=1 the other vocabularies (129280, 262144), N (2, 8) and float32 of
-    SGLang's verify table (`python -m autotune bench --suite compat_sglang`), with its
-    float32 B=32 N=6 V=154880; 15 keys. "smoke": one small key."""
-    if preset == "smoke":
-        return [verify_key(torch.bfloat16, 4096, 2, 3)]
-    bf16, f32 = torch.bfloat16, torch.float32
-    keys = [verify_key(bf16, 151936, b, 3) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    keys += [verify_key(bf16, v, 1, 3) for v in (129280, 262144)]
-    keys += [verify_key(bf16, 151936, 1, k) for k in (1, 7)]
-    return keys + [verify_key(f32, 151936, 1, 3), verify_key(f32, 154880, 32, 5)]
-
-
 TUNING = Tuning(
     name=VERIFY_TABLE, space=VERIFY_SPACE, heuristic=verify_heuristic, constraint=verify_constraint,
-    make_inputs=_verify_inputs,
-    run=lambda inp, cfg: target_verify_topk1_postprocess(*inp, config=cfg),
-    reference=lambda inp: target_verify_reference(*inp), bytes_moved=_verify_bytes,
-    default_keys=_verify_keys,
     sources=CHAIN_VERIFY_TUNING.sources + (target_verify_topk1_postprocess, matching_cap,
-                                                register_cap))
+                                           register_cap))
 
 
 # --- tuning of the draft_extend launch --------------------------------------------------
@@ -462,29 +420,9 @@ def draft_extend_reference(next_token_logits: torch.Tensor, row_indices: torch.T
     return r.probs[:, None], r.tokens[:, None], r.hidden, dsa
 
 
-def _extend_inputs(key: dict, device: torch.device, seed: int) -> tuple:
-    """draft_tail's tuning inputs for the key in SGLang's arguments (logits [2B, Vd] with
-    planted ties, B rows selected out of order, hidden rows), and `out=`: draft_tail's
-    poisoned outputs (a check must write them) in SGLang's [B, 1] fields, so each rotated
-    input set writes its own buffers, as an engine's step does."""
-    inp = DRAFT_TAIL_TUNING.make_inputs(key, device, seed)
-    o = inp["out"]
-    out = (o.probs.unsqueeze(1), o.tokens.unsqueeze(1), o.hidden, None)
-    return inp["logits"], inp["rows"], inp["hidden"], out
-
-
-def _extend_run(inp: tuple, cfg: dict) -> tuple:
-    x, rows, hid, out = inp
-    return draft_extend_topk1_postprocess(x, rows, hid, out=out, config=cfg)
-
-
 EXTEND_TUNING = Tuning(
     name=EXTEND_TABLE, space=TAIL_SPACE, heuristic=tail_heuristic, constraint=tail_constraint,
-    make_inputs=_extend_inputs, run=_extend_run,
-    reference=lambda inp: draft_extend_reference(*inp[:3]),
-    bytes_moved=DRAFT_TAIL_TUNING.bytes_moved, default_keys=DRAFT_TAIL_TUNING.default_keys,
-    sources=DRAFT_TAIL_TUNING.sources + (draft_extend_topk1_postprocess, _extend_inputs,
-                                         _extend_run),
+    sources=DRAFT_TAIL_TUNING.sources + (draft_extend_topk1_postprocess,),
     # its launch compiles ~2400 binaries of its own (draft_tail's space, other
     # constexprs): in the default set they would hold a fresh `make tune` of 450 s below
     # half of every grid (docs/performance.md, "The tuner's own measurements")
@@ -508,40 +446,10 @@ def draft_topk1_reference(next_token_logits: torch.Tensor, positions: torch.Tens
     return r.probs[:, None], r.tokens[:, None]
 
 
-def _topk1_keys(preset: str) -> list[dict]:
-    return [{**k, "H": 0} for k in DRAFT_TAIL_TUNING.default_keys(preset)]
-
-
-def _topk1_inputs(key: dict, device: torch.device, seed: int) -> tuple:
-    """The first B rows of draft_tail's tuning logits (a planted tie in every row) as
-    SGLang's draft step passes them, [B, Vd]; positions; a 4-column draft_tokens written
-    at column 1; `out=`: poisoned (topk_p, topk_index), which a check must write."""
-    inp = DRAFT_TAIL_TUNING.make_inputs({**key, "H": 0}, device, seed)
-    B, o = key["B"], inp["out"]
-    x = inp["logits"][:B].clone()
-    return x, inp["positions"], inp["draft_tokens"], inp["column"], \
-        (o.probs.unsqueeze(1), o.tokens.unsqueeze(1))
-
-
-def _topk1_run(inp: tuple, cfg: dict) -> tuple:
-    x, pos, drafts, column, out = inp
-    return (*draft_topk1_postprocess(x, pos, drafts, column, out=out, config=cfg), pos,
-            drafts)
-
-
-def _topk1_reference(inp: tuple) -> tuple:
-    x, pos, drafts, column, _ = inp
-    return (*draft_topk1_reference(x, pos, drafts, column), pos, drafts)
-
-
 TOPK1_TUNING = Tuning(
     name=TOPK1_TABLE, space=TAIL_SPACE, heuristic=tail_heuristic, constraint=tail_constraint,
-    make_inputs=_topk1_inputs, run=_topk1_run, reference=_topk1_reference,
-    bytes_moved=lambda key: DRAFT_TAIL_TUNING.bytes_moved({**key, "H": 0}),
-    default_keys=_topk1_keys,
-    sources=DRAFT_TAIL_TUNING.sources + (draft_topk1_postprocess, _topk1_inputs, _topk1_run),
+    sources=DRAFT_TAIL_TUNING.sources + (draft_topk1_postprocess,),
     # binaries of its own (no rows, map or hidden: other constexprs), like draft_extend's
     on_request=True)
 
-# what `recipes.tuning.all_tunings` lists of this module
-TUNINGS = (TUNING, EXTEND_TUNING, TOPK1_TUNING)
+TUNINGS = (TUNING, EXTEND_TUNING, TOPK1_TUNING)     # this module's tuned launches

@@ -72,12 +72,12 @@ def compile_pool_check(cache_dir: str, recipe: str = "argmax") -> dict:
     from autotune.tune.compile_worker import TargetDriver
     target = GPUTarget("cuda", 90, 32)
     driver.set_active(TargetDriver(target, 0))
+    from autotune.registry import get
     from recipes import _common as C
-    from recipes.tuning import all_tunings
     C.check_runnable = lambda *a, **k: None     # CPU tensors into the compiled launcher
     if recipe == "sglang_target_verify":
         _cap_on_the_cpu()
-    t = next(x for x in all_tunings() if x.name == recipe)
+    t = get(recipe)
     cpu = torch.device("cpu")
     key = t.default_keys("smoke")[0]
     if recipe == "relay":       # the smoke key's grid holds 2 configs: a default key

@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from autotune.registry import Tunable, register, unregister
+from autotune.declare import Tunable
+from autotune.registry import register, unregister
+from recipes._tuning import Tuning
 
 SPACE = {"BLOCK": (32, 64, 128, 256), "W": (1, 2, 4), "S": (1, 2)}
 WRONG = {"BLOCK": 256, "W": 1, "S": 1}
@@ -75,16 +77,17 @@ def _slow_run(x, cfg):
     return run(x, cfg)
 
 
-SCALE = (Tunable(
-    name="fake_scale", space=SPACE, heuristic=heuristic, make_inputs=make_inputs, run=run,
-    reference=reference, bytes_moved=_bytes, default_keys=_keys, constraint=constraint,
-    torch_peer=reference, sources=(run, constraint)))
+SCALE = Tunable(
+    Tuning(name="fake_scale", space=SPACE, heuristic=heuristic, constraint=constraint,
+           sources=(run, constraint)),
+    make_inputs=make_inputs, run=run, reference=reference, bytes_moved=_bytes,
+    default_keys=_keys, torch_peer=reference)
 
-SLOW = (Tunable(
-    name="fake_slow", space=SPACE, heuristic=heuristic, make_inputs=make_inputs,
-    run=_slow_run, reference=reference, bytes_moved=_bytes,
-    default_keys=lambda preset: [{"dtype": "float32", "N": 256}], constraint=constraint,
-    torch_peer=None, sources=(_slow_run,)))
+SLOW = Tunable(
+    Tuning(name="fake_slow", space=SPACE, heuristic=heuristic, constraint=constraint,
+           sources=(_slow_run,)),
+    make_inputs=make_inputs, run=_slow_run, reference=reference, bytes_moved=_bytes,
+    default_keys=lambda preset: [{"dtype": "float32", "N": 256}])
 
 
 def register_all() -> None:

@@ -10,7 +10,7 @@ import torch
 
 from autotune import bench
 from autotune.bench import overhead, readme, report, results, run
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 
 
 def fake_suite(name="argmax", complete=True):
@@ -267,33 +267,36 @@ def test_dispatch_resolve_cache_trace_and_heuristic_only(tmp_path, monkeypatch):
         calls.append(key)
         return {"A": key["n"]}
 
+    from recipes._tuning import Tuning
+
+    demo = Tuning(name="demo", space={"A": (3, 4, 5, 99)}, heuristic=heur)
     cpu = torch.device("cpu")
     dispatch.clear_cache()
-    a = dispatch.resolve("demo", {"n": 3}, heur, cpu)
-    b = dispatch.resolve("demo", {"n": 3}, heur, cpu)
+    a = dispatch.resolve(demo, {"n": 3}, cpu)
+    b = dispatch.resolve(demo, {"n": 3}, cpu)
     assert a == b == {"A": 3} and len(calls) == 1            # cached
-    dispatch.resolve("demo", {"n": 4}, heur, cpu)
+    dispatch.resolve(demo, {"n": 4}, cpu)
     assert len(calls) == 2
     with dispatch.trace_configs() as tr:
-        dispatch.resolve("demo", {"n": 3}, heur, cpu)
+        dispatch.resolve(demo, {"n": 3}, cpu)
     assert tr == [("demo", {"n": 3}, None)] and len(calls) == 3   # tracing bypasses cache
     # a tuned table on a (pretend) GPU: lookup wins unless heuristic_only
     asked = []
     monkeypatch.setattr(dispatch, "lookup",
                         lambda r, k, d, h: asked.append(h) or {"A": 99})
     dispatch.clear_cache()
-    assert dispatch.resolve("demo", {"n": 3}, heur, cpu) == {"A": 99}
+    assert dispatch.resolve(demo, {"n": 3}, cpu) == {"A": 99}
     assert asked == [{"A": 3}]           # the lookup knows the heuristic's config there
     with dispatch.heuristic_only():
-        assert dispatch.resolve("demo", {"n": 3}, heur, cpu) == {"A": 3}
+        assert dispatch.resolve(demo, {"n": 3}, cpu) == {"A": 3}
     with dispatch.trace_configs() as tr:
-        dispatch.resolve("demo", {"n": 5}, heur, cpu)
+        dispatch.resolve(demo, {"n": 5}, cpu)
     assert tr == [("demo", {"n": 5}, {"A": 99})]
     dispatch.clear_cache()
 
 
 def test_make_states_clones_only_exact_layouts(device):
-    from autotune.registry import BenchCase
+    from autotune.declare import BenchCase
 
     made = []
 

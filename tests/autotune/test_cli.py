@@ -14,7 +14,7 @@ from autotune import cli
 from autotune.bench import cli as bench_cli
 from autotune.tune import device as D
 from autotune.tune.run import Progress
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 from tests.autotune.autotune_util import FAKE, PY, REPO, fake_fixture, subprocess_env  # noqa: F401
 
 SLUG = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()

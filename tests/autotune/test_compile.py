@@ -152,8 +152,8 @@ def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
                         "--budget-s", "0", "--results", str(tmp_path), "--no-progress"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    from recipes.tables import gpu_slug
-    from recipes.tuning import get
+    from recipes._configs import gpu_slug
+    from recipes.argmax import TUNING
     slug = gpu_slug()
     rep = json.loads((tmp_path / slug / "tune-report.json").read_text())
     pool, comp = rep["compile"]["pool"], rep["compile"]
@@ -168,7 +168,7 @@ def test_gpu_tune_loads_every_binary_from_the_pool(tmp_path):
     assert set(split) <= {"loaded", "cached", "loaded while compiling",
                           "cached while compiling"}
     tab = json.loads((tmp_path / slug / "argmax.json").read_text())
-    assert tab["header"]["source_hash"] == get("argmax").source_hash()
+    assert tab["header"]["source_hash"] == TUNING.source_hash()
     (e,) = tab["entries"]
     assert e["no_slower_at"] == [] and e["trials"]["wrong"] == 0
 
@@ -185,7 +185,7 @@ def test_gpu_tune_builds_the_adapters_capped_variant_ahead(tmp_path):
                         "--budget-s", "0", "--results", str(tmp_path), "--no-progress"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
     rep = json.loads((tmp_path / gpu_slug() / "tune-report.json").read_text())
     pool, comp = rep["compile"]["pool"], rep["compile"]
     assert pool["failed"] == 0 and pool["capped_failed"] == 0, pool["errors"]

@@ -106,11 +106,8 @@ def test_cycles_finds_a_cycle_through_a_function_level_import(tmp_path):
 
 
 @pytest.mark.parametrize("package", [
-    pytest.param("recipes", marks=pytest.mark.xfail(strict=True, reason=(
-        "r1 fixes: recipes._common -> recipes.tables -> recipes.tuning -> "
-        "recipes._common; recipes <-> recipes.ops"))),
-    pytest.param("autotune", marks=pytest.mark.xfail(strict=True, reason=(
-        "r1 fixes: autotune.registry <-> autotune.suites"))),
+    "recipes",
+    "autotune",
     "autotune.tune",
     "autotune.bench",
 ])

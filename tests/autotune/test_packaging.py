@@ -75,7 +75,7 @@ def test_installed_package_finds_its_tables_and_writes_to_the_user_cache(wheel, 
                     str(target), str(wheel)], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COOKBOOK_RESULTS"}
     env.update(PYTHONPATH=str(target), XDG_CACHE_HOME=str(tmp_path / "cache"))
-    code = ("import json, recipes, recipes.tables as t; print(json.dumps({"
+    code = ("import json, recipes, recipes._configs as t; print(json.dumps({"
             "'file': recipes.__file__, 'version': recipes.__version__, "
             "'table': str(t.find_table('test-gpu', 'argmax')), 'write': str(t.results_root())}))")
     got = json.loads(_run(code, cwd=tmp_path, env=env))
@@ -89,7 +89,7 @@ def test_installed_package_finds_its_tables_and_writes_to_the_user_cache(wheel, 
     env["SPEC_COOKBOOK_RESULTS"] = str(tmp_path / "mine")
     (tmp_path / "mine" / "test-gpu").mkdir(parents=True)
     (tmp_path / "mine" / "test-gpu" / "argmax.json").write_text("{}")
-    code = "import recipes.tables as t; print(t.find_table('test-gpu', 'argmax'))"
+    code = "import recipes._configs as t; print(t.find_table('test-gpu', 'argmax'))"
     assert _run(code, cwd=tmp_path, env=env).strip() == str(
         tmp_path / "mine/test-gpu/argmax.json")
 

@@ -1,17 +1,40 @@
 """The registry and the tuner's planning and search order (no kernels run)."""
+import dataclasses
+
 import pytest
 import torch
 
 from autotune import registry
-from autotune.registry import Tunable, key_str, outputs_equal
+from autotune.bitwise import outputs_equal
 from autotune.tune.options import Options, resolve
 from autotune.tune.plan import keys_for, plan
 from autotune.tune.search import Encoding, Result, config_id, is_ordinal, order_configs
+from recipes._source_hash import code_text, source_texts
+from recipes._tuning import Tuning, key_str
 from tests.autotune.autotune_util import FAKE, fake_fixture  # noqa: F401  (the `fake` fixture)
 from tests.autotune.test_tune import KEY
 
 
-def test_fake_is_registered_and_recipes_register_themselves(fake):
+def test_every_recipe_tuning_has_one_tunable():
+    """Each `Tuning` a recipe module declares is paired with its harness by exactly one
+    suite tunable of the same name, and the registry holds no other library tunable."""
+    import importlib
+    import pkgutil
+
+    import recipes
+
+    declared = {}
+    for info in pkgutil.walk_packages(recipes.__path__, "recipes."):
+        mod = importlib.import_module(info.name)
+        for v in vars(mod).values():
+            if isinstance(v, Tuning) and v.__class__.__module__ == "recipes._tuning":
+                declared[v.name] = v
+    lib = {n: t for n, t in registry.tunables().items() if not n.startswith("fake_")}
+    assert len(declared) >= 10 and set(lib) == set(declared)
+    assert all(lib[n].tuning is declared[n] for n in declared)
+
+
+def test_fake_is_registered_and_the_library_is_listed(fake):
     F = fake
     assert "fake_scale" in registry.tunables()
     names = registry.tunables()
@@ -19,7 +42,7 @@ def test_fake_is_registered_and_recipes_register_themselves(fake):
     registry.load_recipes("recipes")
     t = registry.tunables()
     real = [n for n in t if not n.startswith("fake_")]
-    assert real, "no recipe registered itself on import"
+    assert real, "the suites declare no tunable"
     for name in real:
         tn = t[name]
         for preset in ("smoke", "gpu"):
@@ -38,11 +61,10 @@ def test_heuristics_pick_admitted_configs_at_every_default_key(monkeypatch):
     recipes, whose constraints are static limits, the constraint admits it too (copy_inputs'
     and the short kernels' constraints also prune configs that run like a smaller one)."""
     from recipes import _common as C
-    from recipes.tuning import all_tunings
 
     for sms in (78, 132):
         monkeypatch.setattr(C, "sm_count", lambda device, sms=sms: sms)
-        for tn in all_tunings():
+        for tn in registry.tunables().values():
             for preset in ("smoke", "gpu"):
                 for key in tn.default_keys(preset):
                     heur = tn.heuristic(key, torch.device("cpu"))
@@ -70,10 +92,15 @@ def test_configs_apply_the_constraint(fake):
 def test_hashes_and_keys(fake):
     F = fake
     t = F.SCALE
-    t2 = Tunable(**{**t.__dict__, "space": {**t.space, "S": (1, 2, 3)}})
+    t2 = dataclasses.replace(t, tuning=dataclasses.replace(
+        t.tuning, space={**t.space, "S": (1, 2, 3)}))
     assert t.space_hash() != t2.space_hash()
-    assert t.space_hash() == Tunable(**t.__dict__).space_hash()
+    assert t.space_hash() == dataclasses.replace(t.tuning).space_hash()
     assert len(t.source_hash()) == 16
+    # the suite's inputs name the store's studies too; the recipe's hash knows no suite
+    other = dataclasses.replace(t, make_inputs=_code_a, run=_code_a, reference=_code_a)
+    assert other.harness_hash() != t.harness_hash() == dataclasses.replace(t).harness_hash()
+    assert other.study_hash() != t.study_hash() and other.source_hash() == t.source_hash()
     assert key_str({"V": 3, "dtype": "x", "B": 1}) == "B=1,V=3,dtype=x"
     assert outputs_equal((torch.ones(2), None), (torch.ones(2), None))
     assert not outputs_equal(torch.ones(2), torch.ones(2, dtype=torch.float64))
@@ -152,11 +179,8 @@ def _code_c(x):
 
 def test_source_hash_follows_code_not_docstrings():
     def hash_of(fn):
-        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
-                       reference=None, bytes_moved=None, default_keys=None,
-                       sources=(fn,)).source_hash()
+        return Tuning(name="h", space={}, heuristic=None, sources=(fn,)).source_hash()
 
-    from recipes.tuning import code_text
     assert code_text(_code_a).replace("_code_a", "f") == code_text(_code_b).replace("_code_b", "f")
     assert hash_of(_code_a) != hash_of(_code_c)
     assert hash_of(_code_a) == hash_of(_code_a)
@@ -190,7 +214,6 @@ def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
     import importlib.util
     import sys
 
-    from recipes.tuning import source_texts
 
     def kernel_with(i, step):
         path = tmp_path / f"kern_{i}.py"
@@ -202,9 +225,7 @@ def test_source_hash_covers_the_functions_a_kernel_calls(tmp_path, monkeypatch):
         return mod.kernel
 
     def hash_of(fn):
-        return Tunable(name="h", space={}, heuristic=None, make_inputs=None, run=None,
-                       reference=None, bytes_moved=None, default_keys=None,
-                       sources=(fn,)).source_hash()
+        return Tuning(name="h", space={}, heuristic=None, sources=(fn,)).source_hash()
 
     one, one_again, two = kernel_with(0, "1"), kernel_with(1, "1  "), kernel_with(2, "2")
     assert len(source_texts([one])) == 3            # kernel, _middle, _leaf

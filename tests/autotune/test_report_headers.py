@@ -117,7 +117,7 @@ def test_tune_report_header_and_relative_paths(tmp_path, fake, capsys):
     """`python -m autotune tune` into a results root given as an absolute path: the
     report has GPU, versions, date and command, and its paths are relative to the root."""
     from autotune import cli
-    from recipes.tables import gpu_slug
+    from recipes._configs import gpu_slug
 
     assert cli.main(["tune", "--package", FAKE, "--recipe", "fake_scale",
                      "--preset", "smoke", "--results", str(tmp_path), "--no-progress",

@@ -16,7 +16,7 @@ from autotune.tune import store as S
 from autotune.tune.main import tune
 from autotune.tune.search import info
 from autotune.tune.store import JOURNAL, OWNER, Store, StoreError
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 from tests.autotune.autotune_util import (  # noqa: F401
     FAKE,
     PY,

@@ -13,7 +13,7 @@ from autotune.timing import Timing
 from autotune.tune.main import tune
 from autotune.tune.search import EVALUATED, Result, config_id, info
 from autotune.tune.store import JOURNAL, Store
-from recipes import tables as dispatch
+from recipes import _configs as dispatch
 from tests.autotune.autotune_util import fake_fixture, tune_options  # noqa: F401
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -149,14 +149,14 @@ def test_retune_keeps_a_faster_config_of_the_table_it_rewrites(tmp_path, fake, c
             e["config"].update(fast if e["key"]["N"] == 256 else {"BLOCK": 128, "W": 2})
         path.write_text(json.dumps(tab))
         (tmp_path / SLUG / JOURNAL).unlink()
-        fake.SCALE.sources = (*fake.SCALE.sources, _opts)       # the kernels changed
+        fake.SCALE.tuning.sources = (*fake.SCALE.sources, _opts)       # the kernels changed
         tune(_opts(tmp_path, trials=1, overrides=two))
         tab = _table(tmp_path)
         assert tab["header"]["source_hash"] == fake.SCALE.source_hash()
         prev = {e["key"]["N"]: e["previous_config"] for e in tab["entries"]}
         assert prev[256] == fast and prev[128]["BLOCK"] == 128, prev
     finally:
-        fake.SCALE.run, fake.SCALE.sources = orig, sources
+        fake.SCALE.run, fake.SCALE.tuning.sources = orig, sources
 
 
 class _ScriptedMeasurer:
@@ -218,8 +218,8 @@ def test_final_rule_keeps_the_heuristic_unless_beaten_beyond_noise(fake, best, h
 
 def test_relocate_moves_every_input_set_and_keeps_it():
     """`Measurer.relocate`: the same values and strides at other addresses."""
+    from autotune.registry import get
     from autotune.tune.measure import Measurer, tensors
-    from recipes.tuning import get
 
     t = get("draft_tail")
     key = t.default_keys("smoke")[0]
@@ -330,7 +330,7 @@ def test_a_heuristic_outside_the_grid_is_the_baseline_and_gets_no_entry(tmp_path
                 y = orig_run(x, cfg)
         return y
 
-    fake.SCALE.heuristic, fake.SCALE.run = (lambda key, device: dict(rejected)), run
+    fake.SCALE.tuning.heuristic, fake.SCALE.run = (lambda key, device: dict(rejected)), run
     try:
         tune(_opts(tmp_path, trials=3))
         assert not (tmp_path / SLUG / "fake_scale.json").exists()
@@ -344,7 +344,7 @@ def test_a_heuristic_outside_the_grid_is_the_baseline_and_gets_no_entry(tmp_path
         assert {k: e["config"][k] for k in fake.SPACE} == fast["cfg"]
         assert e["chosen_from"] == "search" and e["heuristic_p50_us"] > e["p50_us"]
     finally:
-        fake.SCALE.heuristic, fake.SCALE.run = orig_h, orig_run
+        fake.SCALE.tuning.heuristic, fake.SCALE.run = orig_h, orig_run
 
 
 def test_resume_measures_only_what_the_store_lacks(tmp_path, fake):

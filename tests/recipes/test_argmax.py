@@ -166,8 +166,7 @@ def test_every_config(device, part):
     key = {"dtype": "bfloat16", "V": 4100, "R": 3}
     x = hard_logits(3, 4100, torch.bfloat16, device, seed=3)
     want = A.reference(x)
-    from autotune.registry import tunables
-    configs = tunables()["argmax"].configs(key)
+    configs = A.TUNING.configs(key)
     assert len(configs) > 50
     for cfg in sample_configs(configs[part::4], 3, seed=part):
         assert_equal(recipes.argmax(x, config=cfg), want, f"cfg={cfg}")

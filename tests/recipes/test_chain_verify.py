@@ -100,8 +100,7 @@ def test_every_config(device):
     key = CV.tune_key(torch.bfloat16, V, B, K)
     x = hard_logits(B * (K + 1), V, torch.bfloat16, device, seed=4)
     d = drafts_for(x, B, K, seed=4)
-    from autotune.registry import tunables
-    configs = tunables()["chain_verify"].configs(key)
+    configs = CV.TUNING.configs(key)
     check(x, d, cfgs=sample_configs(configs, 8))
 
 

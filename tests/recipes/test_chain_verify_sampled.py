@@ -173,8 +173,7 @@ def test_sampled_every_config(device):
     x, T, seeds, pos = sampled_case(B, K, V, torch.bfloat16, device, seed=8,
                                     temps=[0.9, 1.7])
     d = drafts_from(x, B, K, T, seeds, pos, seed=8)
-    from autotune.registry import tunables
-    configs = tunables()["chain_verify"].configs(CV.tune_key(torch.bfloat16, V, B, K, True))
+    configs = CV.TUNING.configs(CV.tune_key(torch.bfloat16, V, B, K, True))
     assert configs and all(c["EXACT"] == 0 for c in configs)
     # EXACT=1 (the exact scan only) is outside the tuned space but must agree too
     run_checked(x, d, T, seeds, pos,

@@ -3,21 +3,18 @@ its own launch), the tuner's declarations of those launches give SGLang's answer
 the compositions', and the verify launch keeps the plain kernel's registers.
 """
 import importlib
-import json
-import os
 
 import pytest
 import torch
 
 from recipes.compat import sglang as S
-from tests.helpers import assert_equal
 from tests.recipes.test_compat_sglang import (
     _verify_args,
     assert_outputs,
     sglang_target_verify,
     unique_max_logits,
 )
-from tests.recipes.test_compat_sglang_composed import TAIL_SMALL, composed_extend, dsa_rows
+from tests.recipes.test_compat_sglang_composed import TAIL_SMALL
 
 CV = importlib.import_module("recipes.chain_verify")
 
@@ -26,8 +23,8 @@ def test_verify_dispatches_on_its_own_table(device):
     """With config=None the adapter asks its own table (`sglang_target_verify`, timed
     with SGLang's epilogue) with chain_verify's key for the shape, never chain_verify's
     table; without an entry it runs chain_verify's heuristic."""
+    from recipes._configs import trace_configs
     from recipes.chain_verify import heuristic, tune_key
-    from recipes.tables import trace_configs
 
     x, cand, ridx, rnext, seq = _verify_args(device)
     B, N = cand.shape
@@ -41,23 +38,6 @@ def test_verify_dispatches_on_its_own_table(device):
     got = S.target_verify_topk1_postprocess(x, cand, ridx, rnext, seq,
                                             config=heuristic(key, device))
     assert_outputs(got, sglang_target_verify(x, cand, ridx, rnext, seq), "heuristic")
-
-
-def test_verify_tuning_matches_sglang(device):
-    """The tuner's declaration: its inputs are SGLang's chain layout, its reference equals
-    SGLang's answer, and sampled configs of the space give it bit for bit."""
-    import random
-
-    t = S.TUNING
-    key = t.default_keys("smoke")[0]
-    inp = t.make_inputs(key, device, 3)
-    ref = t.reference(inp)
-    assert_outputs(ref, sglang_target_verify(*inp), "reference")
-    assert int(ref.num_correct_drafts.min()) < key["K"]   # some drafts rejected
-    configs = t.configs(key)
-    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
-        assert t.equal(t.run(inp, cfg), ref), cfg
-    assert len(t.default_keys("gpu")) == 15
 
 
 @pytest.mark.parametrize("cfg", [
@@ -133,47 +113,6 @@ def test_register_cap_rules():
     assert [c["SGLANG"] for c in probed.calls] == [False, True]
 
 
-_PROBE_SCRIPT = """
-import json, sys, torch
-from autotune.tune.compile import probe
-from recipes.chain_verify import _verify_kernel
-from recipes.compat import sglang as S
-t, dev = S.TUNING, torch.device("cuda")
-key = t.default_keys("smoke")[0]
-per, binaries = probe(t.run, t.make_inputs(key, dev, 0), t.configs(key)[:4])
-at = (_verify_kernel.arg_names.index("SGLANG"),)
-def sglang(b):
-    spec = json.loads(b.spec)
-    return dict(zip(map(tuple, spec["constant_keys"]), spec["constant_vals"]))[at]
-print(json.dumps([sorted(sglang(binaries[i]) for i in ids) for ids in per.values()]))
-"""
-
-
-def test_verify_probe_sees_both_variants(device):
-    """The tuner's compile probe (Triton compiles nothing, `warmup` returns None) runs
-    the adapter's launcher through: each config records the plain variant (the cap's
-    measure) and the variant it launches, so the compile pool builds both. In a fresh
-    process, as a tune probes: binaries this one loaded would not be compiled again."""
-    import subprocess
-    import sys
-
-    if device.type != "cuda":                 # the interpreter compiles nothing to probe
-        from autotune.tune.compile import probe
-        t = S.TUNING
-        key = t.default_keys("smoke")[0]
-        per, binaries = probe(t.run, t.make_inputs(key, device, 0), t.configs(key)[:2])
-        assert not binaries and len(per) == 2
-        return
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", _PROBE_SCRIPT], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    per = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(per) == 4 and all(v == [False, True] for v in per), per
-
-
 def test_draft_extend_dispatches_on_its_own_table(device):
     """draft_tail's tables time its launch with token map, positions and column; the
     draft_extend adapter's launch has none of them, so with config=None it asks its own
@@ -181,8 +120,8 @@ def test_draft_extend_dispatches_on_its_own_table(device):
     its table was not timed with) no table; draft_topk1's launch has no row indices, map
     or hidden rows: it asks its own (`sglang_draft_topk1`) with H = 0, and an explicit
     config asks none."""
+    from recipes._configs import trace_configs
     from recipes.draft_tail import tune_key
-    from recipes.tables import trace_configs
 
     x, _ = unique_max_logits(6, 3000, torch.bfloat16, device, seed=5)
     hidden = torch.randn(6, 64, device=device).to(torch.bfloat16)
@@ -202,70 +141,3 @@ def test_draft_extend_dispatches_on_its_own_table(device):
         (S.TOPK1_TABLE, tune_key(torch.bfloat16, 3000, 6, 0))]
     with pytest.raises(ValueError, match="draft_tail search space"):
         S.draft_topk1_postprocess(x, pos, config={**TAIL_SMALL, "SPLIT": 3})
-
-
-def test_topk1_tuning_matches_the_composition(device):
-    """The tuner's declaration of the draft_topk1 launch: draft_tail's keys at H = 0, its
-    reference equals torch's argmax, positions += 1 and the column write, its outputs are
-    poisoned buffers that a run must write, and sampled configs give the reference bit
-    for bit."""
-    import random
-
-    from recipes.tuning import all_tunings
-
-    t = S.TOPK1_TUNING
-    assert t in all_tunings() and t.on_request
-    keys = t.default_keys("gpu")
-    assert len(keys) == 8 and {k["H"] for k in keys} == {0}
-    key = t.default_keys("smoke")[0]
-    inp = t.make_inputs(key, device, 3)
-    x, pos, drafts, column, out = inp
-    assert x.shape == (key["B"], key["V"]) and column == 1
-    assert out[0].isnan().all() and bool((out[1] == -7).all())   # poisoned
-    pos0, drafts0 = pos.clone(), drafts.clone()
-    ref = t.reference(inp)
-    want = torch.argmax(x, dim=1)
-    assert_equal(ref[1], want[:, None], "topk_index")
-    assert_equal(ref[0], torch.ones(key["B"], 1, device=device), "topk_p")
-    assert_equal(ref[2], pos0 + 1, "positions")
-    drafts0[:, column] = want
-    assert_equal(ref[3], drafts0, "draft_tokens")
-    configs = t.configs(key)
-    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
-        assert t.equal(t.run(t.make_inputs(key, device, 3), cfg), ref), cfg
-
-
-def test_extend_tuning_matches_the_composition(device):
-    """The tuner's declaration of the draft_extend launch: its reference equals draft_tail's
-    and relay's composition (also on out-of-range rows and DSA rows), its outputs are
-    poisoned buffers that a run must write, and sampled configs of the space give the
-    reference bit for bit."""
-    import random
-
-    from recipes.tuning import all_tunings
-
-    t = S.EXTEND_TUNING
-    assert t in all_tunings() and S.TUNING in all_tunings()
-    key = t.default_keys("smoke")[0]
-    inp = t.make_inputs(key, device, 3)
-    x, rows, hidden, out = inp
-    ref = t.reference(inp)
-    for name, g, w in zip(("topk_p", "topk_index", "hidden", "dsa"), ref,
-                          composed_extend(x, rows, hidden, None), strict=True):
-        if w is None:
-            assert g is None, name
-        else:
-            assert_equal(g, w, name)
-    assert out[0].isnan().all() and bool((out[1] == -7).all())   # poisoned
-    configs = t.configs(key)
-    for cfg in random.Random(0).sample(configs, min(6, len(configs))):
-        assert t.equal(t.run(t.make_inputs(key, device, 3), cfg), ref), cfg
-    R = x.shape[0]
-    odd = torch.tensor([R - 1, -3, R + 4, 0], device=device)
-    dsa = dsa_rows(R, 5, torch.int32, device, seed=2)
-    for name, g, w in zip(("topk_p", "topk_index", "hidden", "dsa"),
-                          S.draft_extend_reference(x, odd, hidden, dsa),
-                          composed_extend(x, odd, hidden, dsa), strict=True):
-        assert_equal(g, w, f"{name}, out-of-range rows")
-    assert len(t.default_keys("gpu")) == 8
-

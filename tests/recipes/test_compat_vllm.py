@@ -231,7 +231,7 @@ def test_every_config_same_bits(device):
     key = RG.tune_key(torch.bfloat16, 2500, 15, False)
     want_v1 = vllm_v1_greedy(d, cu, 3, x, bonus).to(device)
     want = mrv2_call(mrv2.reference, batch, 3)
-    for cfg in sample_configs(mrv2.TUNING.configs(key), 6):
+    for cfg in sample_configs(RG.TUNING.configs(key), 6):
         assert_equal(v1.rejection_sample(d, nd, 3, cu, None, x, bonus, greedy_meta(),
                                          config=cfg), want_v1, f"v1 {cfg}")
         got = mrv2_call(mrv2.rejection_sample, batch, 3, config=cfg)

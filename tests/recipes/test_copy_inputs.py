@@ -157,22 +157,13 @@ def test_empty_pairs_launch_nothing(device, monkeypatch):
 
 
 def test_every_config(device):
-    from autotune.registry import tunables
-
-    t = tunables()["copy_inputs"]
     key = CI.tune_key(5, 5000)
-    configs = t.configs(key)
+    configs = CI.TUNING.configs(key)
     assert len(configs) > 20
     specs = [(torch.float32, 1250, 0, 0), (torch.bfloat16, 2047, 0, 2), (torch.bool, 4999, 0, 0),
              (torch.int64, 3, 0, 0), (torch.float16, 2500, 2, 0)]
     for cfg in sample_configs(configs, 8):
         run_case(device, specs, cfg, seed=6)
-    # the registered tuning pieces agree with each other
-    smoke = t.default_keys("smoke")[0]
-    x = t.make_inputs(smoke, device, 0)
-    ref = t.reference(x)
-    assert t.equal(t.run(x, t.heuristic(smoke, device)), ref)
-    assert t.equal(t.torch_peer(t.make_inputs(smoke, device, 0)), ref)
 
 
 def test_errors(device):

@@ -325,10 +325,8 @@ def test_real_size_decode_state(device, mode):
 
 @pytest.mark.parametrize("mode", ["scatter", "gather"])
 def test_every_config(device, mode):
-    from autotune.registry import tunables
-
     key = R.tune_key(mode, 5, 1000, 3)
-    configs = tunables()["relay"].configs(key)
+    configs = R.TUNING.configs(key)
     assert len(configs) > 20
     index = slots(5, 7, torch.int64, device, seed=8)
     specs = [(torch.bfloat16, torch.bfloat16, (1000,)), (torch.int64, torch.int32, ()),
@@ -346,29 +344,8 @@ def test_every_config(device, mode):
                         nan_payload_free=float_cast(s.dtype, want.dtype))
 
 
-def test_tunable_and_bench_smoke(device):
-    """The registered tunable's run/reference/torch peer agree, and the smoke bench
-    cases build and run (untimed)."""
-    from autotune.registry import benches, tunables
-
-    t = tunables()["relay"]
-    for key in t.default_keys("smoke") + [R.tune_key("gather", 3, 40, 6)]:
-        inp = t.make_inputs(key, device, 0)
-        assert t.equal(t.run(inp, t.heuristic(key, device)), t.reference(inp)), key
-        inp2 = t.make_inputs(key, device, 0)
-        assert t.equal(t.torch_peer(inp2), t.reference(inp)), key
-        assert t.bytes_moved(key) == R._bytes_fields(key["B"], inp.fields)
-    for case in benches()["relay"].cases("smoke"):
-        state = case.make(device, 0)
-        for _name, v in case.variants.items():
-            v.fn(state)
-    assert len(benches()["relay"].cases("full")) == 16
-
-
 def test_heuristic_is_admitted_by_the_space():
-    from autotune.registry import tunables
-
-    t = tunables()["relay"]
+    t = R.TUNING
     for mode in R.MODES:
         for B in (1, 2, 8, 64, 256, 4096):
             for W in (1, 3, 100, 200, 600, 1000, 1500, 4096, 5000, 7168, 8192, 20000):

@@ -157,17 +157,17 @@ def test_keys_kernel_runs_the_heuristic_not_a_table(device):
     """The keys kernel (no finish) never takes a config from argmax's or chain_verify's
     tuned tables, which were measured on the kernels with a finish; the single-device
     recipes do ask their tables."""
-    from recipes import tables
+    from recipes import _configs as dispatch
 
     x = hard_logits(4, 600, torch.bfloat16, device, seed=3)
     t = torch.full((2,), 0.7, device=device)
     s = torch.tensor([1, 2], device=device)
-    with tables.trace_configs() as trace:
+    with dispatch.trace_configs() as trace:
         tp.local_keys(x, vocab_start=600, vocab_size=1200)
         tp.local_keys(x, vocab_start=600, vocab_size=1200, temperature=t, seeds=s,
                       positions=s)
     assert trace == []
-    with tables.trace_configs() as trace:
+    with dispatch.trace_configs() as trace:
         recipes.argmax(x)
     assert [r for r, *_ in trace] == ["argmax"]
 
@@ -256,23 +256,3 @@ def test_group_backend_must_serve_the_device(monkeypatch, device):
     with pytest.raises(ValueError, match="group: expected a process group this rank "
                                          "belongs to"):
         tp.argmax(x, vocab_start=0, vocab_size=100)
-
-
-def test_bench_case_list_runs(device):
-    """The tp bench suite: every smoke case builds and every variant runs on it, the
-    per-rank keys being the shard's own (pack of its best column at global ids)."""
-    from autotune.registry import benches
-
-    suite = benches()["tp"]
-    cases = suite.cases("smoke")
-    assert {c.label["mode"] for c in cases} == {"greedy", "sampled"}
-    assert len(suite.cases("full")) == 2 * 2 * 3 * 4
-    for case in cases:
-        s = case.make(device, 0)
-        for v in case.variants.values():
-            v.fn(s)
-        if case.label["mode"] == "greedy":
-            idx = 0x7FFFFFFF - (s["keys"] & 0xFFFFFFFF)
-            want = torch.argmax(s["local"].reshape(s["keys"].shape[0], -1), 1) + s["vs"]
-            assert_equal(idx, want, "shard argmax")
-        assert case.label["keys_bytes"] < case.label["gather_bytes"]

@@ -236,21 +236,13 @@ def test_engine_peer_matches_reference(device):
 
 
 def test_every_config(device):
-    from autotune.registry import tunables
-
-    t = tunables()["verify_metadata"]
     key = VM.tune_key("both", 16, 5, 48)
-    configs = t.configs(key)
+    configs = VM.TUNING.configs(key)
     assert len(configs) >= 20
     inp = make(device, 5, 48 * 16, 4, seed=14, page_size=16, layout="both", window=300)
     want = VM.reference(**inp)
     for cfg in sample_configs(configs, 8):
         assert_meta(recipes.verify_metadata(**inp, config=cfg), want, f"cfg={cfg}")
-    # the registered tuning pieces agree with each other
-    smoke = t.default_keys("smoke")[0]
-    x = t.make_inputs(smoke, device, 0)
-    assert t.equal(t.run(x, t.heuristic(smoke, device)), t.reference(x))
-    assert t.equal(t.torch_peer(x), t.reference(x))
 
 
 def test_errors(device):

@@ -49,6 +49,7 @@ from ..._argmax_core import (
     unpack_index,
 )
 from ..._gumbel_core import sampled_chunk_packed
+from ..._tuning import Tuning
 from ...chain_verify import MAXC, sampled_heuristic
 from ...chain_verify import SPACE as VERIFY_SPACE
 from ...chain_verify import constraint as verify_constraint
@@ -260,8 +261,7 @@ def tune_key(dtype: torch.dtype, V: int, N: int, sampled: bool) -> dict:
 
 
 def resolve_config(config, dtype, V: int, N: int, sampled: bool, device) -> dict:
-    return C.resolve_config(NAME, config, tune_key(dtype, V, N, sampled), heuristic, SPACE,
-                            device)
+    return C.resolve_config(TUNING, config, tune_key(dtype, V, N, sampled), device)
 
 
 # --- launcher --------------------------------------------------------------------------
@@ -294,3 +294,14 @@ def launch(logits, cu, draft, out, cfg, *, B: int, width: int, maxrows: int, v1:
         SAMPLED=sampling is not None, MAPPED=idx_mapping is not None, ROW_POS=row_pos,
         APPLY_T=apply_temperature, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+
+
+# --- what dispatch knows (read by the autotuner too) ---------------------------------
+# the ragged launch of v1 and MRv2 (their layouts differ only in the finishing store),
+# over chain_verify's space and constraint, keyed by the batch's logits rows N
+TUNING = Tuning(
+    name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
+    sources=(_ragged_kernel, launch),
+    # its own binaries (another kernel): tuned when named, `make tune TUNE_ARGS="--recipe
+    # vllm_ragged_verify"`; without a table the calls take chain_verify's heuristics
+    on_request=True)

@@ -70,7 +70,6 @@ import inspect
 import torch
 
 from ... import _common as C
-from ...tuning import Tuning
 from . import _ragged as RG
 
 
@@ -226,70 +225,3 @@ def reference(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
 rejection_sample.reference = reference
 
 __all__ = ["rejection_sample", "reference"]
-
-
-# --- tuning declaration of the ragged launch (read by the autotuner) -----------------------
-# `_ragged`'s kernel in MRv2's layout (v1's differs only in its finishing store), over
-# chain_verify's space and constraint, keyed by the batch's logits rows N.
-def make_inputs(key: dict, device: torch.device, seed: int) -> tuple:
-    """A ragged MRv2 batch of key["N"] rows: requests of 1..4 rows (0..3 drafts, K = 3),
-    drafts accepting a random prefix of the argmax, positions, states in shuffled order;
-    sampled keys give every state a temperature in [0.5, 1.5] and a seed."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    N, V, K = key["N"], key["V"], 3
-    lens = []
-    while sum(lens) < N:
-        lens.append(min(int(torch.randint(1, K + 2, (1,), generator=g)), N - sum(lens)))
-    R = len(lens)
-    x = torch.randn(N, V, generator=torch.Generator(device=device).manual_seed(seed),
-                    device=device).to(getattr(torch, key["dtype"]))
-    t = torch.argmax(x, dim=1).cpu()
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(lens).cumsum(0)])
-    ds = torch.randint(0, V, (N,), generator=g)
-    for b in range(R):
-        s, n = int(cu[b]), lens[b] - 1
-        keep = int(torch.randint(0, n + 1, (1,), generator=g))
-        ds[s + 1:s + 1 + n] = t[s:s + n]
-        if keep < n:
-            ds[s + 1 + keep] = (t[s + keep] + 1) % V
-    pos = torch.cat([torch.arange(n) + int(torch.randint(0, 2**20, (1,), generator=g))
-                     for n in lens])
-    idx = torch.randperm(R, generator=g)
-    elp = torch.cat([torch.arange(n) for n in lens])
-    eidx = torch.repeat_interleave(idx, torch.tensor(lens))
-    if key.get("mode") == "sampled":
-        temp = 0.5 + torch.rand(R, generator=g)
-        sd = torch.randint(-2**62, 2**62, (R,), generator=g)
-    else:
-        temp, sd = torch.zeros(R), torch.zeros(R, dtype=torch.int64)
-    return (x, None, *(v.to(device) for v in (ds, cu, pos, idx, eidx, elp, temp, sd)), K)
-
-
-def _run(inp: tuple, cfg: dict):
-    return rejection_sample(*inp, config=cfg)
-
-
-def _bytes(key: dict) -> int:
-    """The logits once, the per-row ids and positions, the outputs (K = 3)."""
-    N = key["N"]
-    return N * key["V"] * C.dtype_size(key["dtype"]) + N * 16 + N * 12
-
-
-def _default_keys(preset: str) -> list[dict]:
-    """bfloat16 V = 151936 at N = 4B rows for B = 1, 4, 16, 64, 256 (the compat_vllm
-    bench's uniform batches; its ragged ones lie within a factor 2 in N), greedy and
-    sampled; "smoke": one small key of each."""
-    if preset == "smoke":
-        return [RG.tune_key(torch.bfloat16, 4096, 6, s) for s in (False, True)]
-    return [RG.tune_key(torch.bfloat16, 151936, 4 * b, s) for s in (False, True)
-            for b in (1, 4, 16, 64, 256)]
-
-
-TUNING = Tuning(
-    name=RG.NAME, space=RG.SPACE, heuristic=RG.heuristic, constraint=RG.constraint,
-    make_inputs=make_inputs, run=_run, reference=lambda inp: reference(*inp),
-    bytes_moved=_bytes, default_keys=_default_keys,
-    sources=(RG._ragged_kernel, RG.launch, rejection_sample),
-    # its own binaries (another kernel): tuned when named, `make tune TUNE_ARGS="--recipe
-    # vllm_ragged_verify"`; without a table the calls take chain_verify's heuristics
-    on_request=True)
