@@ -338,14 +338,21 @@ test_bad_inputs = bad_inputs_test(BAD)
 
 
 # --- bench suite and target -------------------------------------------------------------------
-def test_bench_suite_and_target(tmp_path):
+def test_bench_suite_and_target(device, tmp_path):
     """The compat_sglang_sampled suite covers the issue's shapes with chain_verify timed on
-    the same inputs, and `dropin.sglang_sampled` holds each case to 1.1x of it."""
+    the same inputs (the same answer: its smoke case without controls), and
+    `dropin.sglang_sampled` holds each case to 1.1x of it."""
     from autotune import targets
     from autotune.bench import results
     from autotune.suites.compat_sglang import SUITES
 
     suite = next(s for s in SUITES if s.name == "compat_sglang_sampled")
+    case = next(c for c in suite.cases("smoke") if c.label["controls"] == "off")
+    state = case.make(device, 3)
+    got = case.variants["ours"].fn(state)
+    r = case.variants["ours: chain_verify"].fn(state)
+    assert_equal(r.bonus, got.bonus_tokens, "bonus")
+    assert_equal(r.accept_len, got.num_correct_drafts, "accepted")
     full = suite.cases("full")
     assert sorted((c.label["B"], c.label["controls"]) for c in full) == sorted(
         (b, c) for b in (1, 8, 64) for c in ("off", "topk_topp"))
