@@ -10,7 +10,7 @@ import inspect
 import pytest
 import torch
 from helpers import ON_GPU, CountingKernel, assert_equal, bad, bad_inputs_test, hard_logits
-from test_chain_verify_controls import check
+from test_chain_verify_controls import check, chi2
 
 import recipes
 from recipes.compat import sglang as S
@@ -250,14 +250,6 @@ def test_signature():
 
 # --- statistics -------------------------------------------------------------------------------
 CHI2_P001 = {4: 18.47, 5: 20.52}      # chi-square critical values, p = 0.001
-
-
-def chi2(counts, p):
-    live = p > 0
-    if (counts[~live] > 0).any():
-        return float("inf")
-    e = counts.sum() * p[live]
-    return float(((counts[live] - e) ** 2 / e).sum())
 
 
 def test_distribution(device):

@@ -10,7 +10,7 @@ import importlib
 import pytest
 import torch
 from helpers import ON_GPU, CountingKernel, assert_equal, bad, bad_inputs_test
-from test_chain_verify_controls import check
+from test_chain_verify_controls import check, chi2
 from test_compat_vllm import mrv2_batch, mrv2_call, sampled_meta, v1_batch
 
 import recipes
@@ -233,14 +233,6 @@ def test_graph_capture_allocates_nothing_with_out(device):
 
 # --- statistics -------------------------------------------------------------------------------
 CHI2_P001 = {3: 16.27, 4: 18.47, 5: 20.52}
-
-
-def chi2(counts, p):
-    live = p > 0
-    if (counts[~live] > 0).any():
-        return float("inf")
-    e = counts.sum() * p[live]
-    return float(((counts[live] - e) ** 2 / e).sum())
 
 
 def test_distribution(device):
