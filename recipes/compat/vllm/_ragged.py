@@ -229,14 +229,17 @@ def _ragged_kernel(logits_ptr, stride_row, V, N, B, cu_ptr, stride_cu, draft_ptr
                     Tk = T
                     if not APPLY_T:
                         Tk = tl.full([], 1.0, tl.float32)   # the logits arrive divided
-                    P = tl.full([], PACKED_EMPTY, tl.int64)
                     if CONTROLS:       # the row's threshold (`_select_kernel`), if any
                         P = tl.load(thr_ptr + r)
-                    if P != PACKED_EMPTY:
-                        packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, Tk,
-                                                            seed, pos.to(tl.uint32), P, IDB,
-                                                            BLOCK_V)
-                    else:
+                        if P != PACKED_EMPTY:
+                            packed = CC.restricted_chunk_packed(
+                                row_ptr, lo, hi, tiles_per, Tk, seed, pos.to(tl.uint32), P,
+                                IDB, BLOCK_V)
+                        else:
+                            packed = sampled_chunk_packed(
+                                row_ptr, lo, hi, tiles_per, Tk, seed, pos.to(tl.uint32),
+                                BLOCK_V, EXACT, MAXC, UNROLL == 2)
+                    else:              # not compiled in: the kernel without controls
                         packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, Tk, seed,
                                                       pos.to(tl.uint32), BLOCK_V, EXACT,
                                                       MAXC, UNROLL == 2)
