@@ -31,6 +31,10 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
   One launch: `chain_verify`'s kernel (every row's argmax fused with the accept logic)
   with its SGLang epilogue, so that the finishing program of each request writes every
   field above (`chain_verify.launch_verify`'s `sglang`).
+* `target_verify_topk1_sample_postprocess(...)`: the same fields for a sampled batch,
+  from the greedy verifier's arguments plus SGLang's temperatures, top_ks, top_ps and
+  min_ps: the softmax, renormalisations and sampling kernel of SGLang's sampled verify
+  as one call (its own doc: the switch, the differences, the stream's seeds).
 * `draft_topk1_postprocess(next_token_logits [B, V], positions [B], draft_tokens=None,
   draft_token_column=0)` -> `(topk_p float32 [B, 1] all 1.0, topk_index int64 [B, 1])`;
   in place: `positions += 1`, `draft_tokens[:, draft_token_column] = topk_index[:, 0]`.

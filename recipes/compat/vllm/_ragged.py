@@ -31,6 +31,13 @@ request's counter) reads the L_b slots, accepts and writes the row, and leaves s
 counter at rest: a request with no row is finished by its own program. Sampled rows
 (temperature > 0) key Philox with the request's seed and the row's position (v1:
 positions[b] + j; MRv2: pos[row]), the stream of `recipes.chain_verify`.
+
+Sampling controls (top_k/top_p/min_p per request or state, with the temperature applied
+here): a launch before, `_select_kernel`, one program per logits row, finds the row's
+request the same way and writes its packed-key threshold (`_controls_core`'s
+`row_threshold`) into the scratch after the rows' slots; the verify launch then scans
+those rows restricted to the kept ids (`restricted_chunk_packed`) and the finisher puts
+the request's thresholds back to rest. Without controls that code is not compiled in.
 """
 from __future__ import annotations
 
