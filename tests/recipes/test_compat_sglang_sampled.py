@@ -109,7 +109,8 @@ def test_fields_against_reference_and_chain_verify(device, combo):
 
 def test_temperature_shapes_positions_and_configs(device):
     """[B] and [B, 1] temperatures agree; explicit positions replace seq_lens; every
-    config gives the same bits; int64 seq_lens keep their dtype in new_seq_lens."""
+    config gives the same bits; seq_lens keep their dtype in new_seq_lens; int32
+    candidates and seq_lens."""
     B, N, V = 3, 4, 700
     x, cand, ridx, rnext, seq, T, seeds = batch(B, N, V, device, seed=11, dtype=torch.float32)
     c = ctl(device, B, top_ks=[3, 50, 9], top_ps=[0.9, 0.7, 1.0])
@@ -121,7 +122,8 @@ def test_temperature_shapes_positions_and_configs(device):
     assert a.new_seq_lens.dtype == seq.dtype
     pos = torch.tensor([5, 2**30, 77], device=device)
     check_call(x, cand, ridx, rnext, seq, T, seeds, c, positions=pos, config=None)
-    check_call(x, cand, ridx, rnext, seq.to(torch.int32), T, seeds, {}, config=SMALL)
+    check_call(x, cand.to(torch.int32), ridx, rnext, seq.to(torch.int32), T, seeds, c,
+               config=SMALL)
 
 
 def test_sglang_greedy_requests_are_the_greedy_verifier(device):

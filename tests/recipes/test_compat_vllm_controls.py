@@ -92,9 +92,9 @@ def test_mrv2_controls_per_request(device, combo):
 
 def test_mrv2_states_outside_the_tables_and_configs(device):
     """An idx_mapping entry outside the tables reads as greedy (controls too); every
-    config gives the same bits; out= buffers are written in place."""
+    config gives the same bits; out= buffers are written in place; int32 index tensors."""
     K = 2
-    batch = mrv2_batch([2, 1, 2, 0], 500, torch.float32, device, seed=7)
+    batch = mrv2_batch([2, 1, 2, 0], 500, torch.float32, device, seed=7, idt=torch.int32)
     x, ds, cu, pos, idx, eidx, elp = batch
     idx = idx.clone()
     idx[0], idx[2] = 50, -3
@@ -179,6 +179,12 @@ def test_empty_and_single(device):
     s, n = mrv2_call(mrv2.rejection_sample, empty, 2, temp, seed_t, apply_temperature=True,
                      **ctl)
     assert s.shape == (0, 3) and n.shape == (0,)
+    d, cu, x, bonus = v1_batch([], 100, torch.float32, device, seed=0)
+    meta = sampled_meta(temp[:0])
+    meta.top_k = ctl["top_k"][:0]
+    o = v1.rejection_sample(d, [], 2, cu, None, x, bonus.view(0, 1), meta,
+                            seeds=seed_t[:0], positions=seed_t[:0], apply_temperature=True)
+    assert o.shape == (0, 3)
     one = mrv2_batch([2], 300, torch.float32, device, seed=2)
     got = mrv2_call(mrv2.rejection_sample, one, 2, temp, seed_t, apply_temperature=True,
                     config=SMALL, **ctl)
