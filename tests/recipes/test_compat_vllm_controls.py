@@ -18,6 +18,7 @@ from recipes.compat.vllm import mrv2, v1
 
 RG = importlib.import_module("recipes.compat.vllm._ragged")
 CC = importlib.import_module("recipes._controls_core")
+CV = importlib.import_module("recipes.chain_verify")
 SMALL = {"BLOCK_V": 1024, "SPLIT": 2, "num_warps": 4, "num_stages": 1, "UNROLL": 1,
          "EXACT": 0}
 ND = [3, 0, 2, 1, 2]            # drafts per request: ragged, one empty request
@@ -245,9 +246,10 @@ def test_distribution(device):
     """MRv2, R requests with their own seeds, one draft each over V = 8, T = 0.8 with
     min_p 0.1, top_k 6 and top_p 0.9: the first emitted token follows the filtered
     renormalised softmax (the unfiltered fails), the draft is accepted exactly when
-    drawn. Counted on the reference for 6000 requests, which the kernel must equal (all
-    of them on the GPU, the first 12 under the interpreter)."""
-    R, V, d0, T = 6000, 8, 1, 0.8
+    drawn. Counted over 20000 requests on the module's semantics (chain_verify's, row by
+    row: `target_tokens` of every first row), which the kernel and `reference` must
+    equal (the kernel on all of them on the GPU, on the first 12 under the interpreter)."""
+    R, V, d0, T = 20000, 8, 1, 0.8
     z0 = torch.tensor([1.2, 0.9, 0.5, 0.3, 0.0, -0.4, -1.0, -3.0])
     x = torch.stack([z0, z0.flip(0)]).repeat(R, 1)
     ds = torch.tensor([0, d0]).repeat(R)
@@ -258,25 +260,28 @@ def test_distribution(device):
     temp = torch.full((R,), T)
     c = {"min_p": torch.full((R,), 0.1), "top_k": torch.full((R,), 6, dtype=torch.int32),
          "top_p": torch.full((R,), 0.9)}
-    want = mrv2.reference(x, None, ds, cu, pos, idx, pos, pos, temp, seed_t, 1,
-                          apply_temperature=True, **c)
+    first = CV.target_tokens(x[0::2], R, 0, temp, seed_t, pos[0::2], c["top_k"], c["top_p"],
+                             c["min_p"])[:, 0]
     n = R if ON_GPU else 12
-    args = [t.to(device) for t in (x[:2 * n], None, ds[:2 * n], cu[:n + 1], pos[:2 * n],
-                                   idx[:n], pos[:2 * n], pos[:2 * n], temp[:n], seed_t[:n])
-            if t is not None]
+    want = mrv2.reference(x[:2 * n], None, ds[:2 * n], cu[:n + 1], pos[:2 * n], idx[:n],
+                          pos[:2 * n], pos[:2 * n], temp[:n], seed_t[:n], 1,
+                          apply_temperature=True, **{k: v[:n] for k, v in c.items()})
+    assert torch.equal(want[0][:, 0], first[:n])
+    assert torch.equal(want[1] == 2, first[:n] == d0)
+    args = [t.to(device) for t in (x[:2 * n], ds[:2 * n], cu[:n + 1], pos[:2 * n], idx[:n],
+                                   pos[:2 * n], pos[:2 * n], temp[:n], seed_t[:n])]
     got = mrv2.rejection_sample(args[0], None, *args[1:], 1, apply_temperature=True,
                                 **{k: v[:n].to(device) for k, v in c.items()})
-    assert_equal(got[0], want[0][:n].to(device))
-    assert_equal(got[1], want[1][:n].to(device))
+    assert_equal(got[0], want[0].to(device))
+    assert_equal(got[1], want[1].to(device))
     kept = CC.kept((z0 / T)[None], c["top_k"][:1], c["top_p"][:1], c["min_p"][:1])[0]
     p = torch.where(kept, torch.softmax(z0.double() / T, 0), 0.0)
     p = p / p.sum()
-    first = torch.bincount(want[0][:, 0], minlength=V).double()
+    counts = torch.bincount(first, minlength=V).double()
     dof = int(kept.sum()) - 1
     assert 0 < dof < V - 1
-    assert chi2(first, p) < CHI2_P001[dof], first.tolist()
-    assert chi2(first, torch.softmax(z0.double() / T, 0)) > 200
-    assert torch.equal(want[1] == 2, want[0][:, 0] == d0)
+    assert chi2(counts, p) < CHI2_P001[dof], counts.tolist()
+    assert chi2(counts, torch.softmax(z0.double() / T, 0)) > 200
 
 
 # --- errors -----------------------------------------------------------------------------------
