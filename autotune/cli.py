@@ -240,7 +240,8 @@ def _resume_hint(prog: str, argv: list[str]) -> str:
 
 def _list(opts) -> int:
     """`tune --list`: the plan (recipes, keys, grid sizes) and nothing measured."""
-    from .registry import key_str
+    from recipes._tuning import key_str
+
     from .tune.device import select_device
     from .tune.options import resolve
     from .tune.plan import plan, select_tunables

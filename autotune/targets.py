@@ -178,11 +178,12 @@ def draft_all(inp):
     return ok_e + ok_t, met_e and met_t, f"draft_extend: {det_e}. draft_topk1: {det_t}"
 
 
-def _against_chain_verify(inp, ops):
-    """compat_vllm: each case of `ops` against chain_verify on the same B (x 1.1)."""
-    cs = [c for c in inp.need("compat_vllm") if c["label"]["op"] in ops]
+def _against_chain_verify(inp, ops, suite: str = "compat_vllm"):
+    """An adapter suite's cases of `ops` against chain_verify timed on the same inputs
+    (its variant "ours: chain_verify"; x 1.1)."""
+    cs = [c for c in inp.need(suite) if c["label"]["op"] in ops]
     if not cs:
-        raise Missing(f"bench-compat_vllm.json has no case of {'/'.join(ops)}")
+        raise Missing(f"bench-{suite}.json has no case of {'/'.join(ops)}")
     bad, worst = [], 0.0
     for c in cs:
         ref = p50(c, "ours: chain_verify")
@@ -202,6 +203,10 @@ def vllm_greedy(inp):
 
 def vllm_sampled(inp):
     return _against_chain_verify(inp, ("mrv2_sampled",))
+
+
+def sglang_sampled(inp):
+    return _against_chain_verify(inp, ("target_verify_sampled",), "compat_sglang_sampled")
 
 
 PDL_B2B = "ours, PDL on (back to back)"
@@ -485,6 +490,10 @@ TARGETS = [
      "x chain_verify (worst)", vllm_greedy),
     ("dropin.vllm_sampled", "compat.vllm MRv2 sampled (temperature only), same shapes",
      "each <= sampled chain_verify x 1.1 (same B)", "x chain_verify (worst)", vllm_sampled),
+    ("dropin.sglang_sampled", "compat.sglang sampled verify, B in {1,8,64}, N=4, "
+     "V=151936 bf16, T=0.7, with and without top_k=20/top_p=0.95",
+     "each <= chain_verify x 1.1 (same inputs and controls)", "x chain_verify (worst)",
+     sglang_sampled),
     ("verify.greedy_b1", "chain_verify greedy B=1 K=3 V=151936 bf16",
      "<= 2.5 us (back to back <= 2.0 us)", "us", greedy_b1),
     ("verify.sampled_b1", "chain_verify sampled B=1 K=3 V=151936 bf16", "<= 3.5 us", "us",

@@ -14,9 +14,9 @@ so P does not depend on the launch configuration. A row with a NaN z keeps its f
 id (it wins anyway). Greedy rows and rows with every control off get no threshold
 (PACKED_EMPTY) and are scanned as without controls.
 
-Kernel: `_select_kernel`, one program per row, finds P exactly: the row max, a binary
-search over z keys for the min_p cut, then bisections over packed keys with masked
-counts (top_k) and masses (top_p) of the row. Each bisection step reads the row again
+Kernel: `_select_kernel`, one program per row, finds P exactly (`row_threshold`): the
+row max, a binary search over z keys for the min_p cut, then bisections over packed keys
+with masked counts (top_k) and masses (top_p) of the row. Each bisection step reads the row again
 (64 steps at most per control), so this path is exact but slow (see docs/performance.md,
 "Sampling controls"); the sampled scan then keeps only ids with pk >= P.
 """
@@ -30,6 +30,7 @@ from . import _gumbel_core as GC
 from ._argmax_core import PACKED_EMPTY, pack, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
+SELECT_BLOCK, SELECT_WARPS = 1024, 4    # a threshold program's tile and warps
 
 
 # --- torch: the semantics -------------------------------------------------------------
@@ -126,6 +127,92 @@ def _above(row_ptr, V, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr)
 
 
 @triton.jit
+def load_controls(topk_ptr, topp_ptr, minp_ptr, q, sk, sp, sm, V, ok,
+                  HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr):
+    """(k, p, mp, on) of the request (or state) at index q (int64): its top_k, top_p and
+    min_p (off values where a control is not given, or where `ok` is false) and whether
+    any of them is on."""
+    k = tl.zeros([], tl.int64)
+    p = tl.full([], 1.0, tl.float32)
+    mp = tl.zeros([], tl.float32)
+    on = False
+    if HAS_K:
+        k = tl.load(topk_ptr + q * sk, mask=ok, other=0).to(tl.int64)
+        on = on | ((k > 0) & (k < V))
+    if HAS_P:
+        p = tl.load(topp_ptr + q * sp, mask=ok, other=1.0).to(tl.float32)
+        on = on | (p < 1.0)
+    if HAS_M:
+        mp = tl.load(minp_ptr + q * sm, mask=ok, other=0.0).to(tl.float32)
+        on = on | (mp > 0.0)
+    return k, p, mp, on
+
+
+@triton.jit
+def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
+    """P of one sampled row (T > 0) with controls (k, p, mp) (`load_controls`): the
+    row max, a binary search over z keys for the min_p cut, then bisections over packed
+    keys with masked counts (top_k) and masses (top_p) of the row."""
+    hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
+    lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
+    for lo in range(0, V, BLOCK):
+        ids = lo + tl.arange(0, BLOCK)
+        live = ids < V
+        z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
+        pk = packed_key(z, ids, IDB)
+        hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
+        lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
+    pmax = tl.max(hi_pk, 0)
+    P = tl.min(lo_pk, 0)                       # keep everything
+    zkey = pmax >> IDB
+    zmax = unpack_value(zkey << 32)
+    if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
+        P = pmax
+    else:
+        if mp > 0.0:
+            # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
+            lmp = tl.log(mp)
+            klo = tl.full([], -0x7F800000, tl.int64)
+            khi = zkey
+            while khi - klo > 0:
+                mid = klo + (khi - klo) // 2
+                zm = unpack_value(mid << 32)
+                d = tl.where(zm == zmax, 0.0, zm - zmax)
+                if (d >= lmp) | (zm == zmax):
+                    khi = mid
+                else:
+                    klo = mid + 1
+            P = tl.maximum(P, khi << IDB)
+        if (k > 0) & (k < V):
+            # the largest threshold keeping at least k ids: the k-th id's key
+            lo_t = P
+            hi_t = pmax + 1
+            while hi_t - lo_t > 1:
+                mid = lo_t + (hi_t - lo_t) // 2
+                if _above(row_ptr, V, T, zmax, mid, IDB, False, BLOCK) >= k:
+                    lo_t = mid
+                else:
+                    hi_t = mid
+            P = lo_t
+        if p <= 0.0:
+            P = pmax
+        elif p < 1.0:
+            W = _above(row_ptr, V, T, zmax, P, IDB, True, BLOCK)
+            target = p.to(tl.float64) * W.to(tl.float64)
+            lo_t = P
+            hi_t = pmax + 1
+            while hi_t - lo_t > 1:
+                mid = lo_t + (hi_t - lo_t) // 2
+                m = _above(row_ptr, V, T, zmax, mid, IDB, True, BLOCK)
+                if m.to(tl.float64) >= target:
+                    lo_t = mid
+                else:
+                    hi_t = mid
+            P = lo_t
+    return P
+
+
+@triton.jit
 def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, V, K,
                    stride_b, stride_j, st, sk, sp, sm, IDB,
                    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
@@ -135,78 +222,12 @@ def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, 
     j = r - b * (K + 1)
     b64 = b.to(tl.int64)
     T = tl.load(temp_ptr + b64 * st).to(tl.float32)
-    k = tl.zeros([], tl.int64)
-    p = tl.full([], 1.0, tl.float32)
-    mp = tl.zeros([], tl.float32)
-    on = False
-    if HAS_K:
-        k = tl.load(topk_ptr + b64 * sk).to(tl.int64)
-        on = on | ((k > 0) & (k < V))
-    if HAS_P:
-        p = tl.load(topp_ptr + b64 * sp).to(tl.float32)
-        on = on | (p < 1.0)
-    if HAS_M:
-        mp = tl.load(minp_ptr + b64 * sm).to(tl.float32)
-        on = on | (mp > 0.0)
+    k, p, mp, on = load_controls(topk_ptr, topp_ptr, minp_ptr, b64, sk, sp, sm, V, True,
+                                 HAS_K, HAS_P, HAS_M)
     P = tl.full([], PACKED_EMPTY, tl.int64)
     if (T > 0) & on:
         row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
-        hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
-        lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
-        for lo in range(0, V, BLOCK):
-            ids = lo + tl.arange(0, BLOCK)
-            live = ids < V
-            z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
-            pk = packed_key(z, ids, IDB)
-            hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
-            lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
-        pmax = tl.max(hi_pk, 0)
-        P = tl.min(lo_pk, 0)                       # keep everything
-        zkey = pmax >> IDB
-        zmax = unpack_value(zkey << 32)
-        if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
-            P = pmax
-        else:
-            if mp > 0.0:
-                # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
-                lmp = tl.log(mp)
-                klo = tl.full([], -0x7F800000, tl.int64)
-                khi = zkey
-                while khi - klo > 0:
-                    mid = klo + (khi - klo) // 2
-                    zm = unpack_value(mid << 32)
-                    d = tl.where(zm == zmax, 0.0, zm - zmax)
-                    if (d >= lmp) | (zm == zmax):
-                        khi = mid
-                    else:
-                        klo = mid + 1
-                P = tl.maximum(P, khi << IDB)
-            if (k > 0) & (k < V):
-                # the largest threshold keeping at least k ids: the k-th id's key
-                lo_t = P
-                hi_t = pmax + 1
-                while hi_t - lo_t > 1:
-                    mid = lo_t + (hi_t - lo_t) // 2
-                    if _above(row_ptr, V, T, zmax, mid, IDB, False, BLOCK) >= k:
-                        lo_t = mid
-                    else:
-                        hi_t = mid
-                P = lo_t
-            if p <= 0.0:
-                P = pmax
-            elif p < 1.0:
-                W = _above(row_ptr, V, T, zmax, P, IDB, True, BLOCK)
-                target = p.to(tl.float64) * W.to(tl.float64)
-                lo_t = P
-                hi_t = pmax + 1
-                while hi_t - lo_t > 1:
-                    mid = lo_t + (hi_t - lo_t) // 2
-                    m = _above(row_ptr, V, T, zmax, mid, IDB, True, BLOCK)
-                    if m.to(tl.float64) >= target:
-                        lo_t = mid
-                    else:
-                        hi_t = mid
-                P = lo_t
+        P = row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK)
     tl.store(thr_ptr + r, P)
 
 
@@ -234,14 +255,20 @@ def id_bits(V: int) -> int:
     return max(1, (V - 1).bit_length())
 
 
+def control_args(controls, like) -> tuple:
+    """The kernel arguments of (top_k, top_p, min_p), each a tensor or None: the three
+    tensors (`like` for a missing one: never read), their three strides, and the
+    constexprs HAS_K/HAS_P/HAS_M as a dict."""
+    ts = [t if t is not None else like for t in controls]
+    strides = [t.stride(0) if t is not None else 0 for t in controls]
+    flags = {f"HAS_{c}": t is not None for c, t in zip("KPM", controls, strict=True)}
+    return ts, strides, flags
+
+
 def launch_select(logits, thr, temperature, controls, B: int, K: int, V: int,
                   stride_b: int, stride_j: int) -> None:
     """One program per row: thr[r] = P of row r, or PACKED_EMPTY (no restriction)."""
-    top_k, top_p, min_p = controls
-    like = temperature
-    ts = [t if t is not None else like for t in controls]
-    strides = [t.stride(0) if t is not None else 0 for t in controls]
+    ts, strides, flags = control_args(controls, temperature)
     _select_kernel[(B * (K + 1),)](
         logits, thr, temperature, *ts, V, K, stride_b, stride_j, temperature.stride(0),
-        *strides, id_bits(V), HAS_K=top_k is not None, HAS_P=top_p is not None,
-        HAS_M=min_p is not None, BLOCK=1024, num_warps=4)
+        *strides, id_bits(V), **flags, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)

@@ -248,12 +248,16 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             select_ptr, acc_ptr, cnt_ptr, thr_ptr, temp_ptr, seed_ptr,
                             pos_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
                             stride_t, stride_s, stride_p, n_split, tiles_per, IDB,
+                            seq_ptr, stride_seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr,
+                            sg_seq_ptr,
                             BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
-                            VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr):
+                            VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
+                            SGLANG: tl.constexpr):
     """`_verify_kernel` with the sampling controls: a row whose threshold thr[row]
     (`_controls_core.launch_select`) is set samples over the ids with pk >= thr only
     (exact scores); every other row is scanned exactly as without controls. The
-    finishing program puts the request's thresholds back to rest."""
+    finishing program puts the request's thresholds back to rest. SGLANG: the finish
+    writes SGLang's layout as `_verify_kernel`'s does."""
     pid = tl.program_id(0)
     per_req = (K + 1) * n_split
     b = pid // per_req
@@ -266,6 +270,9 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
     d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
                 other=-1).to(tl.int64)
     row = b.to(tl.int64) * (K + 1) + j
+    seq = 0
+    if SGLANG:
+        seq = tl.load(seq_ptr + b.to(tl.int64) * stride_seq)
     T = tl.load(temp_ptr + b.to(tl.int64) * stride_t).to(tl.float32)
     if T > 0:
         seed = tl.load(seed_ptr + b.to(tl.int64) * stride_s).to(tl.int64)
@@ -283,7 +290,8 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
     arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
     if arrived == per_req - 1:
         _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
-                         b, K, KP1, 0, logits_ptr, logits_ptr, logits_ptr, logits_ptr, False)
+                         b, K, KP1, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
+                         SGLANG)
         tl.store(thr_ptr + b.to(tl.int64) * (K + 1) + jd, PACKED_EMPTY, mask=jd <= K)
 
 
@@ -417,31 +425,35 @@ def check_out_overlap(out: VerifyResult, logits, draft_tokens, sampling) -> None
     C.check_no_overlap(zip(_OUT_NAMES, out, strict=True), reads)
 
 
-def validate_sampling(temperature, seeds, positions, B, device):
+SAMPLING_NAMES = ("temperature", "seeds", "positions")
+
+
+def validate_sampling(temperature, seeds, positions, B, device, names=SAMPLING_NAMES):
     """Per-request sampling inputs: temperature float [B], seeds and positions integer
     [B], any stride, on `device` (values are not read). Returns (temperature, seeds,
     positions), or None without temperature; seeds/positions alone are a mistake (they
-    only feed sampled rows), not something to drop."""
+    only feed sampled rows), not something to drop. `names`: what the caller calls the
+    three arguments (an adapter's own names), for the errors."""
+    tn, sn, pn = names
     if temperature is None:
-        for name, t in (("seeds", seeds), ("positions", positions)):
+        for name, t in ((sn, seeds), (pn, positions)):
             if t is not None:
-                raise ValueError(f"{name}: expected None without temperature (seeds and "
-                                 f"positions only feed sampled rows), got {name} without "
-                                 f"temperature")
+                raise ValueError(f"{name}: expected None without {tn} ({sn} and {pn} only "
+                                 f"feed sampled rows), got {name} without {tn}")
         return None
-    C.check_tensor("temperature", temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
+    C.check_tensor(tn, temperature, dtypes=C.FLOAT_DTYPES, ndim=1, device=device)
     if temperature.shape[0] != B:
-        raise ValueError(f"temperature: expected shape ({B},) (one per request of "
-                         f"draft_tokens), got {tuple(temperature.shape)}")
-    for name, t, what in (("seeds", seeds, "per-request Philox seeds"),
-                          ("positions", positions, "absolute position of input 0")):
+        raise ValueError(f"{tn}: expected shape ({B},) (one per request), got "
+                         f"{tuple(temperature.shape)}")
+    for name, t, what in ((sn, seeds, "per-request Philox seeds"),
+                          (pn, positions, "absolute position of input 0")):
         if t is None:
-            raise ValueError(f"{name}: required when temperature is given (int64 [{B}], "
+            raise ValueError(f"{name}: required when {tn} is given (int64 [{B}], "
                              f"{what}), got None")
         C.check_tensor(name, t, dtypes=C.INDEX_DTYPES, ndim=1, device=device)
         if t.shape[0] != B:
-            raise ValueError(f"{name}: expected shape ({B},) (one per request of "
-                             f"draft_tokens), got {tuple(t.shape)}")
+            raise ValueError(f"{name}: expected shape ({B},) (one per request), got "
+                             f"{tuple(t.shape)}")
     return temperature, seeds, positions
 
 
@@ -453,6 +465,16 @@ def sampling_args(sampling, like):
         return like, like, like, 0, 0, 0
     temp, seeds, pos = sampling
     return temp, seeds, pos, temp.stride(0), seeds.stride(0), pos.stride(0)
+
+
+def sglang_args(sglang, like) -> tuple:
+    """The kernel arguments of `launch_verify`'s `sglang` tensors: (seq_lens, its stride,
+    draft_tokens, accept_index, accept_lens, new_seq_lens); without them `like` (never
+    read: SGLANG=False) and a zero stride."""
+    if sglang is None:
+        return like, 0, like, like, like, like
+    seq, sg_draft, sg_index, sg_lens, sg_seq = sglang
+    return seq, seq.stride(0), sg_draft, sg_index, sg_lens, sg_seq
 
 
 def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyResult,
@@ -468,12 +490,7 @@ def launch_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, out: VerifyR
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     acc, cnt = C.WORKSPACE.get(logits.device, B * (K + 1), B)
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
-    if sglang is None:
-        seq = sg_draft = sg_index = sg_lens = sg_seq = logits     # never read (SGLANG=False)
-        stride_seq = 0
-    else:
-        seq, sg_draft, sg_index, sg_lens, sg_seq = sglang
-        stride_seq = seq.stride(0)
+    seq, stride_seq, sg_draft, sg_index, sg_lens, sg_seq = sglang_args(sglang, logits)
     pdl = C.pdl(logits.device, B * (K + 1) * split)
     args = (logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
             acc, cnt, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
@@ -502,32 +519,35 @@ def resolve_config(config: dict | None, key: dict, device: torch.device,
 CONTROL_NAMES = ("top_k", "top_p", "min_p")
 
 
-def validate_controls(top_k, top_p, min_p, sampling, B: int, device):
+def validate_controls(top_k, top_p, min_p, sampling, B: int, device, names=CONTROL_NAMES,
+                      temperature_name: str = "temperature"):
     """The sampling controls: top_k int32/int64 [B], top_p and min_p float32 [B], any
     stride, on `device`, only with temperature (values are not read). Returns
-    (top_k, top_p, min_p) or None when none is given."""
-    given = [(n, t) for n, t in zip(CONTROL_NAMES, (top_k, top_p, min_p), strict=True)
+    (top_k, top_p, min_p) or None when none is given. `names`, `temperature_name`: what
+    the caller calls them, for the errors."""
+    given = [(n, t) for n, t in zip(names, (top_k, top_p, min_p), strict=True)
              if t is not None]
     if not given:
         return None
     if sampling is None:
-        raise ValueError(f"{given[0][0]}: expected None without temperature (the sampling "
-                         f"controls only apply to sampled rows), got {given[0][0]} without "
-                         "temperature")
+        raise ValueError(f"{given[0][0]}: expected None without {temperature_name} (the "
+                         f"sampling controls only apply to sampled rows), got {given[0][0]} "
+                         f"without {temperature_name}")
     for name, t in given:
-        dtypes = C.INDEX_DTYPES if name == "top_k" else (torch.float32,)
+        dtypes = C.INDEX_DTYPES if name == names[0] else (torch.float32,)
         C.check_tensor(name, t, dtypes=dtypes, ndim=1, device=device)
         if t.shape[0] != B:
-            raise ValueError(f"{name}: expected shape ({B},) (one per request of "
-                             f"draft_tokens), got {tuple(t.shape)}")
+            raise ValueError(f"{name}: expected shape ({B},) (one per request), got "
+                             f"{tuple(t.shape)}")
     return top_k, top_p, min_p
 
 
 def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
-                    controls) -> None:
+                    controls, sglang: tuple | None = None) -> None:
     """Two launches: the per-row thresholds (`_controls_core.launch_select`, kept in the
     split-reduction scratch after the row slots, resting at PACKED_EMPTY), then the verify
-    scan restricted to them."""
+    scan restricted to them. `sglang`: SGLang's layout of the answer, as in
+    `launch_verify`."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     R = B * (K + 1)
     acc, cnt = C.WORKSPACE.get(logits.device, 2 * R, B)
@@ -538,10 +558,11 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, thr, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
         draft_tokens.stride(1), st, ss, sp, split, tiles_per, CC.id_bits(V),
+        *sglang_args(sglang, logits),
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
-        EXACT=cfg.get("EXACT", 0), MAXC=MAXC, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        EXACT=cfg.get("EXACT", 0), MAXC=MAXC, SGLANG=sglang is not None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,

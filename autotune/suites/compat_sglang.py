@@ -17,6 +17,8 @@ from autotune.suites import chain_verify as CV
 from autotune.suites import draft_tail as DT
 from autotune.suites import dtype_name, with_pdl
 from recipes.chain_verify import VerifyResult, chain_verify, reference, tune_key
+from recipes.chain_verify import accept as CV_accept
+from recipes.chain_verify import make_inputs as verify_inputs
 from recipes.compat import sglang as S
 from recipes.draft_tail import tune_key as draft_key
 
@@ -271,6 +273,94 @@ def _bench_cases(preset: str):
     return _verify_cases(preset) + _draft_cases(preset)
 
 
+SAMPLED_T = 0.7
+SAMPLED_CONTROLS = {"off": {}, "topk_topp": {"top_ks": 20, "top_ps": 0.95}}
+
+
+def _sampled_shapes(preset: str):
+    if preset == "smoke":
+        return [(1, 4096)]
+    if preset == "quick":
+        return [(1, 151936), (64, 151936)]
+    return [(b, 151936) for b in (1, 8, 64)]
+
+
+def _sampled_make(B: int, V: int, ctl: dict):
+    def make(device, seed):
+        """chain_verify's sampled inputs (drafts accepting a random prefix of the argmax,
+        seeds, positions) in SGLang's arguments, every request at T = 0.7 ([B, 1]) with
+        the case's controls; `out=` for the adapter and for chain_verify."""
+        N = 4
+        x, d, kw = verify_inputs(tune_key(torch.bfloat16, V, B, N - 1, True), device, seed)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        last = torch.randint(0, V, (B, 1), generator=g).to(device)
+        ridx = torch.arange(B * N, device=device).view(B, N)     # the chain layout
+        rnext = torch.arange(1, N + 1, device=device).repeat(B, 1)
+        rnext[:, -1] = -1
+        c = {n: torch.full((B,), v, device=device,
+                           dtype=torch.int32 if n == "top_ks" else torch.float32)
+             for n, v in ctl.items()}
+        s = {"x": x, "drafts": d, "cand": torch.cat([last, d.to(torch.int64)], dim=1),
+             "ridx": ridx, "rnext": rnext, "seq": kw["positions"], "seeds": kw["seeds"],
+             "T": torch.full((B, 1), SAMPLED_T, device=device), "c": c,
+             "cv_c": {n[:-1]: t for n, t in c.items()}}
+        s["out"] = _like(_sampled(s))
+        s["cv_out"] = VerifyResult(*[t.clone() for t in reference(x, d)])
+        return s
+    return make
+
+
+def _sampled(s: dict, **kw):
+    return S.target_verify_topk1_sample_postprocess(
+        s["x"], s["cand"], s["ridx"], s["rnext"], s["seq"], s["T"], **s["c"],
+        seeds=s["seeds"], **kw)
+
+
+def _sampled_chain_verify(s: dict):
+    B = s["T"].shape[0]
+    return chain_verify(s["x"], s["drafts"], temperature=s["T"].view(B), seeds=s["seeds"],
+                        positions=s["seq"], out=s["cv_out"], **s["cv_c"])
+
+
+def _torch_sampled(s: dict):
+    """SGLang's pipeline in torch: softmax(logits / T), the top-k and top-p
+    renormalisations by a sort, a sample of every row (exponential race), the accept
+    logic and SGLang's layout (another random stream: the same distribution)."""
+    B, N = s["cand"].shape
+    x = s["x"].float() / s["T"].repeat_interleave(N, dim=0)
+    p = torch.softmax(x, dim=-1)
+    if s["c"]:
+        ps, idx = torch.sort(p, dim=-1, descending=True)
+        k = s["c"]["top_ks"].repeat_interleave(N)[:, None]
+        j = torch.arange(ps.shape[1], device=ps.device)[None, :]
+        ps = torch.where(j < k, ps, 0.0)
+        ps = ps / ps.sum(dim=-1, keepdim=True)
+        top_p = s["c"]["top_ps"].repeat_interleave(N)[:, None]
+        ps = torch.where(torch.cumsum(ps, dim=-1) - ps < top_p, ps, 0.0)
+        p = torch.zeros_like(p).scatter_(1, idx, ps)
+    tok = torch.argmax(p / torch.empty_like(p).exponential_(), dim=-1)
+    return S._sglang_fields(CV_accept(tok.view(B, N), s["drafts"]), s["cand"], s["seq"])
+
+
+def _sampled_cases(preset: str):
+    cases = []
+    for B, V in _sampled_shapes(preset):
+        for name, ctl in SAMPLED_CONTROLS.items():
+            N = 4
+            cases.append(BenchCase(
+                label={"op": "target_verify_sampled", "dtype": "bfloat16", "B": B, "N": N,
+                       "V": V, "controls": name},
+                make=_sampled_make(B, V, ctl),
+                bytes=B * N * V * 2 + B * N * 8 * 3 + B * 8 * 4 + B * N * (4 + 4 + 8)
+                + B * (4 * 3 + 8 * 2),
+                variants={
+                    "ours": BenchVariant(lambda s: _sampled(s, out=s["out"])),
+                    "ours: chain_verify": BenchVariant(_sampled_chain_verify),
+                    "torch graph": BenchVariant(_torch_sampled, peer=True),
+                }))
+    return cases
+
+
 SUITES = [
     BenchSuite(
         name="compat_sglang", cases=_bench_cases,
@@ -288,5 +378,18 @@ SUITES = [
               "write. Bytes: the logits read once plus the small tensors (and the hidden "
               "rows read and written once).",
         extra={"plot": {"x": "B", "panel": "op",
+                        "fixed": {"dtype": "bfloat16", "N": 4, "V": 151936}}}),
+    BenchSuite(
+        name="compat_sglang_sampled", cases=_sampled_cases,
+        title="compat.sglang sampled chain verify (drop-in)",
+        notes="target_verify_topk1_sample_postprocess on logits [B*N, V] (N = 4), every "
+              "request at T = 0.7 ([B, 1] temperatures), controls off (no control "
+              "tensors: one launch) or top_k = 20 with top_p = 0.95 (chain_verify's "
+              "controls path), out= given; 'ours: chain_verify': recipes.chain_verify "
+              "sampled on the same inputs and controls (the yardstick of "
+              "dropin.sglang_sampled); torch: SGLang's pipeline (softmax, top-k and top-p "
+              "renormalisation by a sort, a sample per row, accept, layout). Bytes: the "
+              "logits read once plus the small tensors.",
+        extra={"plot": {"x": "B", "panel": "controls",
                         "fixed": {"dtype": "bfloat16", "N": 4, "V": 151936}}}),
 ]

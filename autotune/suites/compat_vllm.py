@@ -4,10 +4,11 @@ chain_verify on the same shape (B requests, K = 3, V = 151936 bf16) and, where v
 importable on the GPU, against vLLM's own functions.
 
 Layouts: "uniform" (every request drafts K tokens) and "ragged" (drafts 3, 1, 0, 2 in
-turn, so the logits hold fewer rows than B x (K + 1)). Ops: v1 greedy, MRv2 greedy and
+turn, so the logits hold fewer rows than B x (K + 1)). Ops: v1 greedy, MRv2 greedy,
 MRv2 sampled (temperatures in [0.5, 1.5], the logits taken as already divided, as vLLM
-passes them). "ours: chain_verify" is recipes.chain_verify on the uniform batch of the
-same B (greedy or sampled): the yardstick of the drop-in targets.
+passes them) and MRv2 with top_k/top_p through the controls (B <= 64). "ours:
+chain_verify" is recipes.chain_verify on the uniform batch of the same B (greedy,
+sampled, or sampled with the same controls): the yardstick of the drop-in targets.
 """
 import importlib.util
 import types
@@ -84,6 +85,7 @@ TUNABLES = [Tunable(
 
 K, V, DT = 3, 151936, torch.bfloat16
 RAGGED = (3, 1, 0, 2)
+CONTROLS = {"top_k": 20, "top_p": 0.95}     # mrv2_controls: every state's
 
 
 def _shapes(preset: str):
@@ -112,9 +114,15 @@ def _make(B, Vv, layout, op):
     def make(device, seed):
         nd = _drafts(B, layout)
         g = torch.Generator(device="cpu").manual_seed(seed)
-        sampled = op == "mrv2_sampled"
+        sampled = op in ("mrv2_sampled", "mrv2_controls")
         x, d, kw = verify_inputs(tune_key(DT, Vv, B, K, sampled), device, seed)
-        s = {"cv": (x, d, kw)}
+        s = {"cv": (x, d, kw), "kw": {}}
+        if op == "mrv2_controls":
+            c = {n: torch.full((B,), v, device=device,
+                               dtype=torch.int32 if n == "top_k" else torch.float32)
+                 for n, v in CONTROLS.items()}
+            s["cv"] = (x, d, {**kw, **c})
+            s["kw"] = {"apply_temperature": True, **c}
         rows = [j for b, n in enumerate(nd)
                 for j in range(b * (K + 1), b * (K + 1) + n + (0 if op == "v1" else 1))]
         logits = x[torch.tensor(rows, device=device)].contiguous()
@@ -154,16 +162,18 @@ def _cases(preset: str):
     cases = []
     for B, Vv in _shapes(preset):
         for layout in ("uniform", "ragged"):
-            for op in ("v1", "mrv2", "mrv2_sampled"):
+            ops = ("v1", "mrv2", "mrv2_sampled") + (("mrv2_controls",) if B <= 64 else ())
+            for op in ops:
                 fn = v1.rejection_sample if op == "v1" else mrv2.rejection_sample
                 ref = v1_ref if op == "v1" else m2_ref
                 rows = sum(n + (op != "v1") for n in _drafts(B, layout))
                 variants = {
-                    "ours": BenchVariant(lambda s, fn=fn: fn(*s["args"], out=s["out"])),
+                    "ours": BenchVariant(lambda s, fn=fn: fn(*s["args"], out=s["out"],
+                                                             **s["kw"])),
                     "ours: chain_verify": BenchVariant(
                         lambda s: chain_verify(s["cv"][0], s["cv"][1], **s["cv"][2])),
                 }
-                if ref is not None:
+                if ref is not None and op != "mrv2_controls":
                     variants["vllm"] = BenchVariant(
                         lambda s, ref=ref: ref.rejection_sample(*s["args"]), peer=True)
                 cases.append(BenchCase(
@@ -180,7 +190,10 @@ SUITES = [
         title="compat.vllm (vLLM's rejection samplers, drop-in)",
         notes="op v1: v1.rejection_sample (greedy batch, all_greedy); op mrv2 / "
               "mrv2_sampled: mrv2.rejection_sample with temperature 0 / in [0.5, 1.5] "
-              "(the logits as vLLM passes them, divided already). layout uniform: K = 3 "
+              "(the logits as vLLM passes them, divided already); op mrv2_controls (B <= "
+              "64): the raw logits with apply_temperature=True and top_k = 20, top_p = "
+              "0.95 per state (the controls' threshold launch, then the verify), against "
+              "chain_verify with the same controls. layout uniform: K = 3 "
               "drafts a request; ragged: 3, 1, 0, 2 in turn. 'ours: chain_verify': "
               "recipes.chain_verify on the uniform batch of the same B (sampled for "
               "mrv2_sampled); 'vllm': vLLM's own function where importable on the GPU. "

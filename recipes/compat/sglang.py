@@ -31,6 +31,10 @@ What each returns (B requests, N = K+1 verify tokens per request, V vocabulary):
   One launch: `chain_verify`'s kernel (every row's argmax fused with the accept logic)
   with its SGLang epilogue, so that the finishing program of each request writes every
   field above (`chain_verify.launch_verify`'s `sglang`).
+* `target_verify_topk1_sample_postprocess(...)`: the same fields for a sampled batch,
+  from the greedy verifier's arguments plus SGLang's temperatures, top_ks, top_ps and
+  min_ps: the softmax, renormalisations and sampling kernel of SGLang's sampled verify
+  as one call (its own doc: the switch, the differences, the stream's seeds).
 * `draft_topk1_postprocess(next_token_logits [B, V], positions [B], draft_tokens=None,
   draft_token_column=0)` -> `(topk_p float32 [B, 1] all 1.0, topk_index int64 [B, 1])`;
   in place: `positions += 1`, `draft_tokens[:, draft_token_column] = topk_index[:, 0]`.
@@ -101,10 +105,18 @@ from .._registers import matching_cap, register_cap
 from .._tuning import Tuning
 from ..chain_verify import SPACE as VERIFY_SPACE
 from ..chain_verify import TUNING as CHAIN_VERIFY_TUNING
-from ..chain_verify import VerifyResult, check_draft_width, launch_verify
+from ..chain_verify import (
+    VerifyResult,
+    check_draft_width,
+    launch_controls,
+    launch_verify,
+    validate_controls,
+    validate_sampling,
+)
 from ..chain_verify import constraint as verify_constraint
 from ..chain_verify import heuristic as verify_heuristic
 from ..chain_verify import reference as verify_reference
+from ..chain_verify import resolve_config as verify_resolve_config
 from ..chain_verify import tune_key as verify_key
 from ..draft_tail import COLUMN_DEFAULT, DraftTail, launch_draft_tail
 from ..draft_tail import SPACE as TAIL_SPACE
@@ -249,30 +261,19 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
             f"use_real_draft_tokens={use_real_draft_tokens!r}")
     B, N, stride_b, stride_j = _check_verify_args(
         next_token_logits, candidates, retrieve_index, retrieve_next_token, seq_lens)
-    dev = candidates.device
-    i32, i64 = torch.int32, torch.int64
-    res = TargetVerifyTopk1Output(*_outputs(out, (
-        ("predict", (B * N,), i32), ("num_correct_drafts", (B,), i32),
-        ("accept_lens", (B,), i32), ("accept_index", (B, N), i32),
-        ("bonus_tokens", (B,), i32), ("new_seq_lens", (B,), seq_lens.dtype),
-        ("select_index", (B,), i64), ("draft_tokens", (B * N,), i64)),
-        dev, "a TargetVerifyTopk1Output"))
-    if out is not None:
-        C.check_no_overlap(zip((f"out.{f}" for f in res._fields), res, strict=True),
-                           [("next_token_logits", next_token_logits),
-                            ("candidates", candidates), ("seq_lens", seq_lens)])
+    res = _verify_outputs(out, B, N, seq_lens, [("next_token_logits", next_token_logits),
+                                                ("candidates", candidates),
+                                                ("seq_lens", seq_lens)])
     if B == 0:
         return res
     K, V = N - 1, next_token_logits.shape[-1]
     # this launch's own table (VERIFY_TABLE): SGLang's epilogue changes which of
     # chain_verify's configs are fast, so chain_verify's table is not borrowed
-    cfg = C.resolve_config(TUNING, config, verify_key(next_token_logits.dtype, V, B, K), dev)
-    launch_verify(next_token_logits, candidates[:, 1:],
-                  VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
-                               res.select_index),
-                  cfg, B, K, V, stride_b, stride_j,
-                  sglang=(seq_lens, res.draft_tokens, res.accept_index, res.accept_lens,
-                          res.new_seq_lens))
+    cfg = C.resolve_config(TUNING, config, verify_key(next_token_logits.dtype, V, B, K),
+                           candidates.device)
+    fields, layout = _verify_fields(res, seq_lens)
+    launch_verify(next_token_logits, candidates[:, 1:], fields, cfg, B, K, V, stride_b,
+                  stride_j, sglang=layout)
     return res
 
 
@@ -280,6 +281,30 @@ def target_verify_topk1_postprocess(next_token_logits: torch.Tensor,
 # it shares with draft_tail (`C.renamed`)
 _TOPK1_NAMES = {"logits": "next_token_logits", "column": "draft_token_column",
                 "out.tokens": "out.topk_index", "out.probs": "out.topk_p"}
+
+
+def _verify_outputs(out, B: int, N: int, seq_lens, reads) -> TargetVerifyTopk1Output:
+    """The verifiers' TargetVerifyTopk1Output: `out`'s fields checked (and none of them
+    overlapping the inputs `reads`, (name, tensor) pairs), the missing ones allocated."""
+    i32, i64 = torch.int32, torch.int64
+    res = TargetVerifyTopk1Output(*_outputs(out, (
+        ("predict", (B * N,), i32), ("num_correct_drafts", (B,), i32),
+        ("accept_lens", (B,), i32), ("accept_index", (B, N), i32),
+        ("bonus_tokens", (B,), i32), ("new_seq_lens", (B,), seq_lens.dtype),
+        ("select_index", (B,), i64), ("draft_tokens", (B * N,), i64)),
+        seq_lens.device, "a TargetVerifyTopk1Output"))
+    if out is not None:
+        C.check_no_overlap(zip((f"out.{f}" for f in res._fields), res, strict=True), reads)
+    return res
+
+
+def _verify_fields(res: TargetVerifyTopk1Output, seq_lens) -> tuple:
+    """(out, sglang) of `chain_verify`'s launchers for SGLang's fields: the finishing
+    programs write predict, num_correct_drafts, bonus_tokens and select_index as the
+    VerifyResult and the other four as SGLang's layout (`launch_verify`)."""
+    return (VerifyResult(res.predict, res.num_correct_drafts, res.bonus_tokens,
+                         res.select_index),
+            (seq_lens, res.draft_tokens, res.accept_index, res.accept_lens, res.new_seq_lens))
 
 
 def draft_topk1_postprocess(next_token_logits: torch.Tensor, positions: torch.Tensor,
@@ -362,9 +387,129 @@ def draft_extend_topk1_postprocess(next_token_logits: torch.Tensor,
     return p, idx, h_out, d_out
 
 
+SAMPLED_NAMES = ("temperatures", "seeds", "positions")
+CONTROL_NAMES = ("top_ks", "top_ps", "min_ps")
+
+
+def target_verify_topk1_sample_postprocess(
+        next_token_logits: torch.Tensor, candidates: torch.Tensor,
+        retrieve_index: torch.Tensor, retrieve_next_token: torch.Tensor,
+        seq_lens: torch.Tensor, temperatures: torch.Tensor,
+        top_ks: torch.Tensor | None = None, top_ps: torch.Tensor | None = None,
+        min_ps: torch.Tensor | None = None, *, seeds: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None, out: tuple | None = None,
+        config: dict | None = None) -> TargetVerifyTopk1Output:
+    """SGLang's sampled chain verification (EAGLE top-1, `tree_topk == 1`) as one call:
+    what its verify runs when the batch is not all greedy - softmax(logits /
+    temperatures), `top_k_renorm_prob`, `top_p_renorm_prob`, `min_p_renorm_prob`, then
+    `tree_speculative_sampling_target_only` with zero draft probabilities - and the
+    fields of `target_verify_topk1_postprocess` (module doc) from its answer.
+
+    The switch, where SGLang's top-1 verify takes its fallback for a sampled batch
+    (`maybe_eagle_sample_target_verify_topk1` returns None when not is_all_greedy):
+
+        from recipes.compat.sglang import target_verify_topk1_sample_postprocess
+        info = batch.sampling_info
+        out = target_verify_topk1_sample_postprocess(
+            logits, candidates, verify_input.retrieve_index,
+            verify_input.retrieve_next_token, batch.seq_lens, info.temperatures,
+            info.top_ks if info.need_top_k_sampling else None,
+            info.top_ps if info.need_top_p_sampling else None,
+            info.min_ps if info.need_min_p_sampling else None,
+            seeds=info.sampling_seed)
+
+    Arguments: the greedy verifier's, then SGLang's per-request sampling tensors:
+    `temperatures` float [B] or [B, 1] (SGLang's shape), `top_ks` int32/int64 [B],
+    `top_ps` and `min_ps` float32 [B]; a control given as None is not applied (SGLang
+    knows on the host which its batch needs: pass None for the others and a
+    temperature-only batch is one launch; with any control it is chain_verify's
+    controls path). Off values keep everything: top_k <= 0 or >= V (SGLang's TOP_K_ALL),
+    top_p >= 1, min_p <= 0. Keyword-only, for our random stream (`recipes.chain_verify`):
+    `seeds` int64 [B], required (SGLang: `sampling_info.sampling_seed`, or one random
+    int64 drawn per request when it is added), and `positions` int64 [B], the absolute
+    position of candidates[:, 0]; None takes `seq_lens` (SGLang's verify forward puts
+    the chain at positions seq_lens + j). `out=` and `config=` as the greedy verifier's
+    (config: chain_verify's space; None: chain_verify's sampled table).
+
+    What it computes: `recipes.chain_verify` with temperature, controls and stream on
+    the chain, in SGLang's fields: t[b, j] is the Gumbel-max sample of
+    softmax(logits / T) over the kept set of the controls, m[b] the leading drafts equal
+    to it, predict/accept_index/num_correct_drafts/accept_lens/bonus_tokens/
+    new_seq_lens/select_index/draft_tokens as in the greedy verifier. Requests with
+    temperature > 0 false (0, negative, NaN) are greedy; SGLang's greedy requests in a
+    sampled batch (temperature 1, top_k 1) get the argmax of the row.
+
+    Where ours differs from SGLang's:
+
+    * Equal in distribution, not in bits: for a draft that puts probability 1 on its
+      token, accepting the matching prefix of Gumbel-max samples is exact speculative
+      sampling, as SGLang's target-only kernel is at its default acceptance thresholds
+      (`speculative_accept_threshold_single/acc` = 1); SGLang draws its coins from
+      torch.rand, ours from the (seed, position, id) stream. Relaxed thresholds (< 1)
+      are not modelled.
+    * The filter order is chain_verify's: min_p, then top_k, then top_p (vLLM's
+      order); SGLang applies min_p last, after top_p's renormalisation. The kept sets
+      differ only for requests with both top_p < 1 and min_p > 0 (ours takes top_p's
+      mass over what min_p kept). Ties at the top-k boundary keep the lower ids (the
+      renorm kernels keep every id tied with the k-th value), and the top-p prefix
+      follows the spec's float64 rule.
+    * NaN: SGLang's softmax of a row with NaN gives NaN probabilities (its engine
+      sanitizes NaN logits to -1e30 first when SGLANG_SANITIZE_NAN_LOGITS is on); ours
+      keeps the row's NaN ids and emits the first of them. Sanitize first to sample the
+      row's numbers.
+    * Validation names SGLang's arguments and never reads values (SGLang's
+      `torch.all(top_ps == 1.0)` syncs); the tree tensors are checked for shape only,
+      as in the greedy verifier.
+
+    Checked: tests/recipes/test_compat_sglang_sampled.py - every field against
+    `target_verify_sample_reference` (chain_verify's reference in SGLang's layout, the
+    spec's near-tie and threshold tolerances) with and without each control, SGLang's
+    greedy requests (temperature 1, top_k 1) against torch.argmax, equality with
+    `recipes.chain_verify` on the same inputs, the launch count, out= buffers, B = 0/1/
+    odd, and the emitted tokens' distribution (chi-square) against the filtered
+    renormalised softmax.
+    """
+    B, N, stride_b, stride_j = _check_verify_args(
+        next_token_logits, candidates, retrieve_index, retrieve_next_token, seq_lens)
+    dev = candidates.device
+    temp = _per_request(SAMPLED_NAMES[0], temperatures, B, dev)
+    sampling = validate_sampling(temp, seeds, seq_lens if positions is None else positions,
+                                 B, dev, names=SAMPLED_NAMES)
+    controls = validate_controls(top_ks, top_ps, min_ps, sampling, B, dev,
+                                 names=CONTROL_NAMES, temperature_name=SAMPLED_NAMES[0])
+    reads = [("next_token_logits", next_token_logits), ("candidates", candidates),
+             ("seq_lens", seq_lens), *zip(SAMPLED_NAMES, sampling, strict=True),
+             *zip(CONTROL_NAMES, controls or (None,) * 3, strict=True)]
+    res = _verify_outputs(out, B, N, seq_lens, [(n, t) for n, t in reads if t is not None])
+    if B == 0:
+        return res
+    K, V = N - 1, next_token_logits.shape[-1]
+    cfg = verify_resolve_config(config, verify_key(next_token_logits.dtype, V, B, K, True),
+                                dev)
+    fields, layout = _verify_fields(res, seq_lens)
+    drafts = candidates[:, 1:]
+    if controls is None:
+        launch_verify(next_token_logits, drafts, fields, cfg, B, K, V, stride_b, stride_j,
+                      sampling, sglang=layout)
+    else:
+        launch_controls(next_token_logits, drafts, fields, cfg, B, K, V, stride_b, stride_j,
+                        sampling, controls, sglang=layout)
+    return res
+
+
+def _per_request(name: str, t, B: int, device) -> torch.Tensor:
+    """A per-request float tensor given as [B] or [B, 1] (SGLang's shape), as [B] (a view;
+    values are not read)."""
+    C.check_tensor(name, t, dtypes=C.FLOAT_DTYPES, ndim=(1, 2), device=device)
+    if tuple(t.shape) not in ((B,), (B, 1)):
+        raise ValueError(f"{name}: expected shape ({B},) or ({B}, 1) (one per request of "
+                         f"candidates), got {tuple(t.shape)}")
+    return t if t.dim() == 1 else t[:, 0]
+
+
 __all__ = ["TargetVerifyTopk1Output", "target_verify_topk1_postprocess",
-           "target_verify_topk1_is_supported", "draft_topk1_postprocess",
-           "draft_extend_topk1_postprocess"]
+           "target_verify_topk1_is_supported", "target_verify_topk1_sample_postprocess",
+           "draft_topk1_postprocess", "draft_extend_topk1_postprocess"]
 
 
 # --- tuning of the target_verify launch -------------------------------------------------
@@ -380,6 +525,27 @@ def target_verify_reference(next_token_logits: torch.Tensor, candidates: torch.T
     reference on the chain layout, in SGLang's fields (the tree tensors are not read)."""
     B, N = candidates.shape
     r = verify_reference(next_token_logits.reshape(B * N, -1), candidates[:, 1:])
+    return _sglang_fields(r, candidates, seq_lens)
+
+
+def target_verify_sample_reference(next_token_logits: torch.Tensor,
+                                   candidates: torch.Tensor, retrieve_index: torch.Tensor,
+                                   retrieve_next_token: torch.Tensor, seq_lens: torch.Tensor,
+                                   temperatures: torch.Tensor, top_ks=None, top_ps=None,
+                                   min_ps=None, *, seeds=None,
+                                   positions=None) -> TargetVerifyTopk1Output:
+    """`target_verify_topk1_sample_postprocess` in plain torch: `recipes.chain_verify`'s
+    reference with temperature, controls and stream, in SGLang's fields."""
+    B, N = candidates.shape
+    r = verify_reference(next_token_logits.reshape(B * N, -1), candidates[:, 1:],
+                         temperatures.reshape(B), seeds,
+                         seq_lens if positions is None else positions, top_ks, top_ps, min_ps)
+    return _sglang_fields(r, candidates, seq_lens)
+
+
+def _sglang_fields(r: VerifyResult, candidates, seq_lens) -> TargetVerifyTopk1Output:
+    """chain_verify's answer `r` in SGLang's fields (the verifiers' module doc)."""
+    B, N = candidates.shape
     j = torch.arange(N, device=candidates.device)
     keep = j[None, :] <= r.accept_len[:, None].to(torch.int64)
     rows = torch.arange(B, device=candidates.device)[:, None] * N + j[None, :]
@@ -392,7 +558,8 @@ def target_verify_reference(next_token_logits: torch.Tensor, candidates: torch.T
 
 
 TUNING = Tuning(
-    name=VERIFY_TABLE, space=VERIFY_SPACE, heuristic=verify_heuristic, constraint=verify_constraint,
+    name=VERIFY_TABLE, space=VERIFY_SPACE, heuristic=verify_heuristic,
+    constraint=verify_constraint,
     sources=CHAIN_VERIFY_TUNING.sources + (target_verify_topk1_postprocess, matching_cap,
                                            register_cap))
 

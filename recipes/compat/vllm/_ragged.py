@@ -31,6 +31,13 @@ request's counter) reads the L_b slots, accepts and writes the row, and leaves s
 counter at rest: a request with no row is finished by its own program. Sampled rows
 (temperature > 0) key Philox with the request's seed and the row's position (v1:
 positions[b] + j; MRv2: pos[row]), the stream of `recipes.chain_verify`.
+
+Sampling controls (top_k/top_p/min_p per request or state, with the temperature applied
+here): a launch before, `_select_kernel`, one program per logits row, finds the row's
+request the same way and writes its packed-key threshold (`_controls_core`'s
+`row_threshold`) into the scratch after the rows' slots; the verify launch then scans
+those rows restricted to the kept ids (`restricted_chunk_packed`) and the finisher puts
+the request's thresholds back to rest. Without controls that code is not compiled in.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ import triton
 import triton.language as tl
 
 from ... import _common as C
+from ... import _controls_core as CC
 from ..._argmax_core import (
     PACKED_EMPTY,
     chunk_argmax_packed,
@@ -73,19 +81,22 @@ def spans(bounds: torch.Tensor, N: int, lead0: bool) -> list[tuple[int, int]]:
     return out
 
 
-def target_rows(logits, rows, temp=None, seed=None, counters=None, apply_temperature=False):
+def target_rows(logits, rows, temp=None, seed=None, counters=None, apply_temperature=False,
+                controls=None):
     """t of the given logits rows (int64): argmax, or where temp > 0 the Gumbel-max sample
-    with that seed and counter (temperature divided only with `apply_temperature`)."""
-    from ... import _gumbel_core as GC
+    with that seed and counter (temperature divided only with `apply_temperature`) over
+    the kept set of the per-row `controls` (top_k, top_p, min_p; each [rows] or None):
+    `recipes.chain_verify`'s semantics, a row at a time (K = 0)."""
+    from ...chain_verify import target_tokens
 
     x = logits[rows]
-    t = torch.argmax(x, dim=-1)
-    if temp is not None and len(rows):
-        tf = temp.to(torch.float32)
-        scale = tf if apply_temperature else torch.ones_like(tf)
-        s = GC.scores(x, scale, seed.to(torch.int64), counters.to(torch.int64))
-        t = torch.where(tf > 0, torch.argmax(s, dim=-1), t)
-    return t
+    if temp is None or not len(rows):
+        return torch.argmax(x, dim=-1)
+    tf = temp.to(torch.float32)
+    if not apply_temperature:       # sampled iff temp > 0, over the logits as given
+        tf = torch.where(tf > 0, torch.ones_like(tf), tf)
+    return target_tokens(x, len(rows), 0, tf, seed, counters,
+                         *(controls or (None, None, None))).view(-1)
 
 
 def accept_len(t: torch.Tensor, d: torch.Tensor) -> int:
@@ -143,12 +154,16 @@ def _request_span(cu_ptr, stride_cu, b, B, N, LEAD0: tl.constexpr, CB: tl.conste
 
 @triton.jit
 def _finish(acc_ptr, cnt_ptr, d, b, start, L, n, out_ptr, stride_out, WIDTH, num_ptr,
-            bonus_ptr, stride_bonus, V1: tl.constexpr, WP: tl.constexpr):
-    """The last arrival of request b: read its L slots (resetting them), accept against
-    the drafts d (int64 [WP], n of them) and write the request's row (module doc)."""
+            bonus_ptr, stride_bonus, thr_ptr, V1: tl.constexpr, WP: tl.constexpr,
+            CONTROLS: tl.constexpr):
+    """The last arrival of request b: read its L slots (resetting them, and with CONTROLS
+    the rows' thresholds), accept against the drafts d (int64 [WP], n of them) and write
+    the request's row (module doc)."""
     j = tl.arange(0, WP)
     packed = tl.atomic_xchg(acc_ptr + start + j, tl.full([WP], PACKED_EMPTY, tl.int64),
                             sem="relaxed", mask=j < L)
+    if CONTROLS:
+        tl.store(thr_ptr + start + j, PACKED_EMPTY, mask=j < L)
     t = tl.where(j < L, unpack_index(packed), 0)
     miss = (j < n) & (d != t.to(tl.int64))
     m = tl.min(tl.where(miss, j, n), 0)
@@ -169,13 +184,13 @@ def _finish(acc_ptr, cnt_ptr, d, b, start, L, n, out_ptr, stride_out, WIDTH, num
 def _ragged_kernel(logits_ptr, stride_row, V, N, B, cu_ptr, stride_cu, draft_ptr, stride_d,
                    out_ptr, stride_out, WIDTH, MAXROWS, num_ptr, bonus_ptr, stride_bonus,
                    acc_ptr, cnt_ptr, map_ptr, stride_map, n_state, temp_ptr, stride_t,
-                   seed_ptr, stride_s, pos_ptr, stride_p, n_split, tiles_per,
+                   seed_ptr, stride_s, pos_ptr, stride_p, n_split, tiles_per, thr_ptr, IDB,
                    LEAD0: tl.constexpr, V1: tl.constexpr, DOFF: tl.constexpr,
                    CB: tl.constexpr,
                    WP: tl.constexpr, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr,
                    VEC: tl.constexpr, SAMPLED: tl.constexpr, MAPPED: tl.constexpr,
                    ROW_POS: tl.constexpr, APPLY_T: tl.constexpr, EXACT: tl.constexpr,
-                   MAXC: tl.constexpr, PDL: tl.constexpr):
+                   MAXC: tl.constexpr, PDL: tl.constexpr, CONTROLS: tl.constexpr):
     C.pdl_enter(PDL)
     pid = tl.program_id(0)
     own = pid < B                         # request b's own program, else a row's chunk
@@ -222,9 +237,20 @@ def _ragged_kernel(logits_ptr, stride_row, V, N, B, cu_ptr, stride_cu, draft_ptr
                     Tk = T
                     if not APPLY_T:
                         Tk = tl.full([], 1.0, tl.float32)   # the logits arrive divided
-                    packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, Tk, seed,
-                                                  pos.to(tl.uint32), BLOCK_V, EXACT, MAXC,
-                                                  UNROLL == 2)
+                    if CONTROLS:       # the row's threshold (`_select_kernel`), if any
+                        P = tl.load(thr_ptr + r)
+                        if P != PACKED_EMPTY:
+                            packed = CC.restricted_chunk_packed(
+                                row_ptr, lo, hi, tiles_per, Tk, seed, pos.to(tl.uint32), P,
+                                IDB, BLOCK_V)
+                        else:
+                            packed = sampled_chunk_packed(
+                                row_ptr, lo, hi, tiles_per, Tk, seed, pos.to(tl.uint32),
+                                BLOCK_V, EXACT, MAXC, UNROLL == 2)
+                    else:              # not compiled in: the kernel without controls
+                        packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, Tk, seed,
+                                                      pos.to(tl.uint32), BLOCK_V, EXACT,
+                                                      MAXC, UNROLL == 2)
                 else:
                     packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL,
                                                  VEC)
@@ -237,7 +263,34 @@ def _ragged_kernel(logits_ptr, stride_row, V, N, B, cu_ptr, stride_cu, draft_ptr
             arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
         if arrived == L * n_split:
             _finish(acc_ptr, cnt_ptr, d, b, start, L, n, out_ptr, stride_out, WIDTH,
-                    num_ptr, bonus_ptr, stride_bonus, V1, WP)
+                    num_ptr, bonus_ptr, stride_bonus, thr_ptr, V1, WP, CONTROLS)
+
+
+@triton.jit
+def _select_kernel(logits_ptr, stride_row, V, N, B, cu_ptr, stride_cu, MAXROWS, map_ptr,
+                   stride_map, n_state, temp_ptr, stride_t, topk_ptr, topp_ptr, minp_ptr,
+                   sk, sp, sm, thr_ptr, IDB, LEAD0: tl.constexpr, CB: tl.constexpr,
+                   MAPPED: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                   HAS_M: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per logits row r: thr[r] = the packed-key threshold of the sampling
+    controls (`_controls_core.row_threshold`) when r is a verified row of a sampled
+    request (found as `_ragged_kernel` finds it) with a control on, else PACKED_EMPTY
+    (the resting value)."""
+    r = tl.program_id(0).to(tl.int64)
+    b, start, end = _find_request(cu_ptr, stride_cu, r, B, N, LEAD0, CB)
+    L = tl.minimum(end - start, MAXROWS)
+    ok = (b >= 0) & (b < B) & (r - start < L)
+    q = tl.maximum(b, 0).to(tl.int64)
+    if MAPPED:
+        q = tl.load(map_ptr + q * stride_map, mask=ok, other=0).to(tl.int64)
+        ok = ok & (q >= 0) & (q < n_state)
+    T = tl.load(temp_ptr + q * stride_t, mask=ok, other=0.0).to(tl.float32)
+    k, p, mp, on = CC.load_controls(topk_ptr, topp_ptr, minp_ptr, q, sk, sp, sm, V, ok,
+                                    HAS_K, HAS_P, HAS_M)
+    P = tl.full([], PACKED_EMPTY, tl.int64)
+    if ok & (T > 0) & on:
+        P = CC.row_threshold(logits_ptr + r * stride_row, V, T, k, p, mp, IDB, BLOCK)
+    tl.store(thr_ptr + r, P)
 
 
 # --- search space and heuristic ----------------------------------------------------------
@@ -267,33 +320,49 @@ def resolve_config(config, dtype, V: int, N: int, sampled: bool, device) -> dict
 # --- launcher --------------------------------------------------------------------------
 def launch(logits, cu, draft, out, cfg, *, B: int, width: int, maxrows: int, v1: bool,
            num=None, bonus=None, sampling=None, idx_mapping=None, row_pos=False,
-           apply_temperature=False, n_state=0) -> None:
+           apply_temperature=False, n_state=0, controls=None) -> None:
     """Launch on validated tensors (B >= 1). v1: `bonus` [B] any stride, `out` int32
     [B, width]; MRv2: `out` int64 [B, width] and `num` int32 [B]. `sampling`: None or
     (temperature, seeds, positions) (per request, or per state through `idx_mapping`
-    with `n_state` entries; positions per row with `row_pos`)."""
+    with `n_state` entries; positions per row with `row_pos`). `controls`: None or
+    (top_k, top_p, min_p) indexed like the temperature (each a tensor or None; only with
+    `apply_temperature`): then a first launch (`_select_kernel`) puts each row's
+    threshold in the scratch after the rows' slots, and the verify launch samples the
+    rows that have one over the ids it keeps."""
     N, V = logits.shape
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
-    acc, cnt = C.WORKSPACE.get(logits.device, max(N, 1), B)
+    rows = max(N, 1)
+    acc, cnt = C.WORKSPACE.get(logits.device, 2 * rows if controls else rows, B)
     like = logits
     temp, seeds, pos = sampling if sampling is not None else (like, like, like)
     st, ss, sp = (0, 0, 0) if sampling is None else (temp.stride(0), seeds.stride(0),
                                                      pos.stride(0))
     mp = idx_mapping if idx_mapping is not None else like
+    stride_map = 0 if idx_mapping is None else idx_mapping.stride(0)
+    CB = min(C.next_pow2(B + 1), CB_MAX)
+    thr = acc[rows:2 * rows] if controls else acc
+    if controls:
+        ts, strides, flags = CC.control_args(controls, temp)
+        _select_kernel[(N,)](
+            logits, logits.stride(0), V, N, B, cu, cu.stride(0), maxrows, mp, stride_map,
+            n_state, temp, st, *ts, *strides, thr, CC.id_bits(V), LEAD0=int(v1), CB=CB,
+            MAPPED=idx_mapping is not None, **flags, BLOCK=CC.SELECT_BLOCK,
+            num_warps=CC.SELECT_WARPS)
     programs = B + N * split
     pdl = C.pdl(logits.device, programs)
     _ragged_kernel[(programs,)](
         logits, logits.stride(0), V, N, B, cu, cu.stride(0), draft, draft.stride(0),
         out, out.stride(0), width, maxrows, num if num is not None else out,
         bonus if bonus is not None else out, 0 if bonus is None else bonus.stride(0),
-        acc, cnt, mp, 0 if idx_mapping is None else idx_mapping.stride(0), n_state,
-        temp, st, seeds, ss, pos, sp, split, tiles_per,
-        LEAD0=int(v1), V1=v1, DOFF=0 if v1 else 1, CB=min(C.next_pow2(B + 1), CB_MAX),
+        acc, cnt, mp, stride_map, n_state, temp, st, seeds, ss, pos, sp, split, tiles_per,
+        thr, CC.id_bits(V),
+        LEAD0=int(v1), V1=v1, DOFF=0 if v1 else 1, CB=CB,
         WP=C.next_pow2(width), BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"],
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         SAMPLED=sampling is not None, MAPPED=idx_mapping is not None, ROW_POS=row_pos,
         APPLY_T=apply_temperature, EXACT=cfg.get("EXACT", 0), MAXC=MAXC, PDL=pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+        CONTROLS=controls is not None, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
 
 
 # --- what dispatch knows (read by the autotuner too) ---------------------------------

@@ -8,6 +8,11 @@ The switch, in `vllm/v1/worker/gpu/spec_decode/rejection_sampler.py`:
     from recipes.compat.vllm.mrv2 import (
         rejection_sample)                            # same arguments, same outputs
 
+and, to fold temperature, min-p, top-k and top-p into the verify (`_verify` then passes
+the raw logits instead of `apply_sampling_params`' processed copy, with the state
+tables): `rejection_sample(..., apply_temperature=True, top_k=..., top_p=...,
+min_p=...)`.
+
 What it returns, as vLLM's does: (sampled int64 [R, K + 1], num_sampled int32 [R]),
 R = len(cu_num_logits) - 1, K = num_speculative_steps. Request b owns the logits rows
 [cu[b], cu[b+1]) of `target_logits` [num_logits, V]: a row per draft, then the bonus
@@ -54,13 +59,24 @@ Where ours differs from vLLM:
   [0, num_logits] and made monotone (`_ragged`); a request with no row gets
   num_sampled 0; one with more than K drafts (vLLM writes past its row) is verified on
   its first K; an idx_mapping entry outside the state tables reads as greedy.
-* `top_k`/`top_p`/`min_p` (per state, with `apply_temperature=True`) would need
-  chain_verify's sampling controls: NotImplementedError naming them.
+* Controls with `apply_temperature=True`: `top_k`/`top_p`/`min_p` (per state like
+  `temperature`, vLLM's `sampling_states.top_k/top_p/min_p.gpu`; off values keep
+  everything: top_k <= 0 or >= V, top_p >= 1, min_p <= 0) are served by chain_verify's
+  sampling controls in vLLM's own order (min-p, then top-k, then top-p over z = logit /
+  T): a threshold launch over the rows (`_ragged`'s `_select_kernel`), then the verify
+  launch restricted to the kept ids; no processed copy of the logits. Kept sets as the
+  spec's: top-k ties go to the lower ids (vLLM keeps every id tied with the k-th
+  value), the top-p prefix by the spec's float64 rule. Pass None for a control no
+  request of the batch uses (vLLM knows it on the host, `get_top_k_top_p`) to keep one
+  launch.
 
 Checked: tests/recipes/test_compat_vllm.py against a plain-torch statement of vLLM's kernels
 (greedy bit for bit on NaN-free rows: ragged batches, 0-draft requests, -1 and
 out-of-vocabulary drafts, out=, B = 0/1/odd, int32/int64), one launch counted, and the
-sampled rows' statistics (chi-square over seeds);
+sampled rows' statistics (chi-square over seeds); tests/recipes/
+test_compat_vllm_controls.py with min-p/top-k/top-p against `reference` (chain_verify's
+semantics row by row, the spec's tolerances), ragged and empty requests, states out of
+the tables, out=, the launch count and the statistics;
 tests/recipes/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
 """
 from __future__ import annotations
@@ -70,6 +86,7 @@ import inspect
 import torch
 
 from ... import _common as C
+from ...chain_verify import validate_controls
 from . import _ragged as RG
 
 
@@ -78,7 +95,7 @@ def _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
               num_speculative_steps, synthetic_conditional_rates, use_block_verification,
               contexts, watermarking, watermark_key, fly_window_size, top_k, top_p, min_p,
               apply_temperature):
-    """Host-side checks; returns (R, N, V, K)."""
+    """Host-side checks; returns (R, N, V, K, controls or None)."""
     for name, v, off in (("draft_logits", draft_logits, None),
                          ("synthetic_conditional_rates", synthetic_conditional_rates, None),
                          ("use_block_verification", use_block_verification, False),
@@ -119,18 +136,16 @@ def _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
     C.check_logits_rows("target_logits", x)
     K = C.check_int("num_speculative_steps", num_speculative_steps, 0, C.MAX_BLOCK - 1,
                     why="a request's K + 1 tokens are one Triton block")
-    controls = [n for n, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))
-                if v is not None]
-    if controls and not apply_temperature:
-        raise ValueError(f"{'/'.join(controls)}: expected None with apply_temperature="
+    given = [n for n, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))
+             if v is not None]
+    if given and not apply_temperature:
+        raise ValueError(f"{'/'.join(given)}: expected None with apply_temperature="
                          "False (the processed logits carry them already), got "
-                         f"{'/'.join(controls)}")
-    if controls:
-        raise NotImplementedError(
-            f"{'/'.join(controls)}: would be applied by chain_verify's sampling controls, "
-            "which this adapter does not wire yet; apply them before the call (vLLM's "
-            "apply_sampling_params) and keep apply_temperature=False")
-    return R, N, V, K
+                         f"{'/'.join(given)}")
+    # per state, like the temperature (shape-checked against it)
+    controls = validate_controls(top_k, top_p, min_p, temperature, temperature.shape[0],
+                                 dev)
+    return R, N, V, K, controls
 
 
 # the call's arguments that `_validate` checks, by name (the two entry points share it)
@@ -168,7 +183,8 @@ def rejection_sample(target_logits: torch.Tensor, draft_logits: torch.Tensor | N
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM model-runner v2's rejection sampling of a ragged batch in one launch (module
     doc): (sampled int64 [R, K + 1], num_sampled int32 [R])."""
-    R, N, V, K = _validate(**{n: v for n, v in locals().items() if n in _VALIDATED})
+    R, N, V, K, controls = _validate(**{n: v for n, v in locals().items()
+                                        if n in _VALIDATED})
     dev = target_logits.device
     given = out is not None
     sampled, num = _outputs(out, R, K, dev)
@@ -177,7 +193,9 @@ def rejection_sample(target_logits: torch.Tensor, draft_logits: torch.Tensor | N
             [("out.sampled", sampled), ("out.num_sampled", num)],
             [("target_logits", target_logits), ("draft_sampled", draft_sampled),
              ("cu_num_logits", cu_num_logits), ("pos", pos), ("idx_mapping", idx_mapping),
-             ("temperature", temperature), ("seed", seed)])
+             ("temperature", temperature), ("seed", seed),
+             *[(n, t) for n, t in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))
+               if t is not None]])
     if R == 0:
         return sampled, num
     sampling = None if all_greedy else (temperature, seed, pos)
@@ -185,7 +203,8 @@ def rejection_sample(target_logits: torch.Tensor, draft_logits: torch.Tensor | N
     RG.launch(target_logits, cu_num_logits, draft_sampled, sampled, cfg, B=R, width=K + 1,
               maxrows=K + 1, v1=False, num=num, sampling=sampling,
               idx_mapping=None if all_greedy else idx_mapping, row_pos=True,
-              apply_temperature=apply_temperature, n_state=temperature.shape[0])
+              apply_temperature=apply_temperature, n_state=temperature.shape[0],
+              controls=None if all_greedy else controls)
     return sampled, num
 
 
@@ -198,7 +217,8 @@ def reference(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
               apply_temperature=False, top_k=None, top_p=None, min_p=None):
     """`rejection_sample` in plain torch (request by request): its exact outputs, sampled
     rows included (the Gumbel-max samples of `recipes.chain_verify`'s stream)."""
-    R, N, V, K = _validate(**{n: v for n, v in locals().items() if n in _VALIDATED})
+    R, N, V, K, controls = _validate(**{n: v for n, v in locals().items()
+                                        if n in _VALIDATED})
     sampled = torch.full((R, K + 1), -1, dtype=torch.int64)
     num = torch.zeros(R, dtype=torch.int32)
     x, ds, ps = target_logits.cpu(), draft_sampled.cpu(), pos.cpu()
@@ -212,8 +232,10 @@ def reference(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
         else:
             T = temperature.cpu()[q] if 0 <= q < S else torch.tensor(0.0)
             sd = seed.cpu()[q] if 0 <= q < S else torch.tensor(0)
+            ctl = None if controls is None or not 0 <= q < S else [
+                None if c is None else c.cpu()[q].expand(L) for c in controls]
             t = RG.target_rows(x, rows, T.expand(L), sd.expand(L), ps[s:s + L],
-                               apply_temperature)
+                               apply_temperature, ctl)
         n = max(L - 1, 0)
         m = RG.accept_len(t, ds[s + 1:s + 1 + n].to(torch.int64))
         k = min(m + 1, L)

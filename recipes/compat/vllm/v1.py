@@ -7,6 +7,12 @@ The switch, in `vllm/v1/sample/rejection_sampler.py`'s caller:
     from recipes.compat.vllm.v1 import rejection_sample
     output_token_ids = rejection_sample(...)        # same arguments, same output
 
+and for sampled batches, with the temperature, top-k and top-p in the same launches
+(`RejectionSampler.forward` then skips `apply_sampling_constraints`):
+
+    output_token_ids = rejection_sample(..., seeds=seeds, positions=positions,
+                                        apply_temperature=True)
+
 What it returns, as vLLM's does: int32 [B, max_spec_len + 1], B = len(num_draft_tokens).
 Request b owns the draft rows [cu[b-1], cu[b]) of `target_logits` [num_tokens, V] and of
 `draft_token_ids` [num_tokens] (`cu_num_draft_tokens`, inclusive ends; cu[-1] = 0), n_b
@@ -22,7 +28,8 @@ draft gets [bonus, -1, ...]. Drafts outside [0, V) (vLLM's -1 padding) never mat
 * Sampled requests (temperature[b] > 0): t[b, j] is the Gumbel-max sample of
   `recipes.chain_verify` over the row as given (vLLM divides `target_logits` by the
   temperature and applies top-k/top-p before this call; `apply_temperature=True` makes
-  the kernel divide instead), keyed by `seeds[b]` and counter `positions[b] + j`.
+  the kernel divide and apply them instead, below), keyed by `seeds[b]` and counter
+  `positions[b] + j`.
   Accepting the matching prefix of these samples is exact speculative sampling for a
   draft that puts probability 1 on its token, as vLLM's `draft_probs=None` path
   (n-gram, EAGLE/MTP top-1 drafts) assumes: vLLM accepts with probability p(d) and
@@ -50,13 +57,26 @@ Where ours differs (everything else is vLLM's bit for bit on greedy requests):
 * Out-of-range values never read or write out of bounds: boundaries are clamped to
   [0, num_tokens] and made monotone (`_ragged`); a request with more than max_spec_len
   drafts (vLLM writes past its row) is verified on its first max_spec_len.
-* With `apply_temperature=True`, `sampling_metadata.top_k/top_p` would need
-  chain_verify's sampling controls: NotImplementedError naming them.
+* Top-k/top-p with `apply_temperature=True`: `sampling_metadata.top_k` and `top_p`
+  (per request; vLLM's off values, top_k = V and top_p = 1, keep everything) are served
+  by chain_verify's sampling controls instead of vLLM's sort-based
+  `apply_top_k_top_p`: a threshold launch over the draft rows (`_ragged`'s
+  `_select_kernel`), then the verify launch restricted to the kept ids; no copy or
+  filtered version of the logits. Kept sets as the spec's: top-k ties go to the lower
+  ids (vLLM keeps every id tied with the k-th value), the top-p prefix by the spec's
+  float64 rule (vLLM: float32 cumulative sums of the sorted softmax). v1's rejection
+  sampler applies no min-p to draft rows (min-p is a logits processor of the bonus
+  row's sampler), so this adapter takes none. Pass None for a control no request of
+  the batch uses (the host knows: `sampling_metadata.top_k is None`) to keep one
+  launch. With `apply_temperature=False` the controls are vLLM's to apply before the
+  call (`apply_sampling_constraints`), as today.
 
 Checked: tests/recipes/test_compat_vllm.py against a plain-torch statement of vLLM's kernels
 (greedy bit for bit: ragged batches, empty requests, -1 and out-of-vocabulary drafts,
 NaN rows, out=, B = 0/1/odd, int32/int64), one launch counted, and the sampled rows'
-statistics (chi-square over seeds);
+statistics (chi-square over seeds); tests/recipes/test_compat_vllm_controls.py with
+top-k/top-p against `reference` (chain_verify's semantics row by row, the spec's
+tolerances), ragged and empty requests, out=, the launch count and the statistics;
 tests/recipes/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
 """
 from __future__ import annotations
@@ -66,14 +86,20 @@ from collections.abc import Sequence
 import torch
 
 from ... import _common as C
+from ...chain_verify import validate_controls
 from . import _ragged as RG
+
+# sampling_metadata's controls as the errors name them (v1 carries no min_p: vLLM applies
+# it as a logits processor to the bonus row only)
+CONTROL_NAMES = ("sampling_metadata.top_k", "sampling_metadata.top_p", "min_p")
 
 
 def _validate(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
               draft_probs, target_logits, bonus_token_ids, sampling_metadata,
               synthetic_mode, synthetic_conditional_rates, fly_window_size, seeds,
               positions, apply_temperature):
-    """Host-side checks; returns (B, N, V, bonus [B] view, sampling or None)."""
+    """Host-side checks; returns (B, N, V, bonus [B] view, sampling or None, controls or
+    None)."""
     if synthetic_mode or synthetic_conditional_rates is not None:
         raise NotImplementedError(
             "synthetic_mode/synthetic_conditional_rates: vLLM's synthetic acceptance is "
@@ -121,21 +147,13 @@ def _validate(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
             raise TypeError(f"sampling_metadata: expected vLLM's SamplingMetadata (with "
                             f"{attr}), got {type(sampling_metadata).__name__}")
     if sampling_metadata.all_greedy:
-        return B, N, V, bonus, None
+        return B, N, V, bonus, None, None
     if draft_probs is not None:
         raise NotImplementedError(
             "draft_probs: sampled requests are verified by Gumbel-max sampling, exact for "
             "drafts that put probability 1 on their token (draft_probs=None); a full draft "
             "distribution needs vLLM's residual resampling: keep vLLM's rejection_sample "
             "for such drafters")
-    controls = [n for n in ("top_k", "top_p") if getattr(sampling_metadata, n, None)
-                is not None]
-    if apply_temperature and controls:
-        raise NotImplementedError(
-            f"sampling_metadata.{'/'.join(controls)}: with apply_temperature=True the "
-            "controls would be applied by chain_verify's sampling controls, which this "
-            "adapter does not wire yet; apply them before the call (vLLM's "
-            "apply_sampling_constraints) and keep apply_temperature=False")
     temp = sampling_metadata.temperature
     C.check_tensor("sampling_metadata.temperature", temp, dtypes=C.FLOAT_DTYPES, ndim=1,
                    device=dev)
@@ -151,7 +169,14 @@ def _validate(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
         C.check_tensor(name, t, dtypes=C.INDEX_DTYPES, ndim=1, device=dev)
         if t.shape[0] != B:
             raise ValueError(f"{name}: expected shape ({B},), got {tuple(t.shape)}")
-    return B, N, V, bonus, (temp, seeds, positions)
+    sampling = (temp, seeds, positions)
+    controls = None
+    if apply_temperature:       # else vLLM's apply_sampling_constraints applied them
+        controls = validate_controls(
+            getattr(sampling_metadata, "top_k", None),
+            getattr(sampling_metadata, "top_p", None), None, sampling, B, dev,
+            names=CONTROL_NAMES, temperature_name="sampling_metadata.temperature")
+    return B, N, V, bonus, sampling, controls
 
 
 def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[int],
@@ -168,7 +193,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
                      ) -> torch.Tensor:
     """vLLM v1's rejection sampling of a ragged batch in one launch (module doc):
     int32 [B, max_spec_len + 1], -1 placeholders."""
-    B, N, V, bonus, sampling = _validate(
+    B, N, V, bonus, sampling, controls = _validate(
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
         synthetic_conditional_rates, fly_window_size, seeds, positions, apply_temperature)
@@ -183,13 +208,16 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         if sampling is not None:
             reads += zip(("sampling_metadata.temperature", "seeds", "positions"), sampling,
                          strict=True)
+        if controls is not None:
+            reads += [(n, t) for n, t in zip(CONTROL_NAMES, controls, strict=True)
+                      if t is not None]
         C.check_no_overlap([("out", out)], reads)
     if B == 0:
         return out
     cfg = RG.resolve_config(config, target_logits.dtype, V, N, sampling is not None, dev)
     RG.launch(target_logits, cu_num_draft_tokens, draft_token_ids, out, cfg, B=B, width=W,
               maxrows=W - 1, v1=True, bonus=bonus, sampling=sampling,
-              apply_temperature=apply_temperature)
+              apply_temperature=apply_temperature, controls=controls)
     return out
 
 
@@ -201,7 +229,7 @@ def reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
               apply_temperature=False) -> torch.Tensor:
     """`rejection_sample` in plain torch (request by request): its exact output, sampled
     rows included (the Gumbel-max samples of `recipes.chain_verify`'s stream)."""
-    B, N, V, bonus, sampling = _validate(
+    B, N, V, bonus, sampling, controls = _validate(
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
         synthetic_conditional_rates, fly_window_size, seeds, positions, apply_temperature)
@@ -214,8 +242,11 @@ def reference(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
             t = RG.target_rows(x, rows)
         else:
             temp, sd, pos = (v.cpu() for v in sampling)
+            ctl = None if controls is None else [None if c is None else c.cpu()[b].expand(n)
+                                                 for c in controls]
             t = RG.target_rows(x, rows, temp[b].expand(n), sd[b].expand(n),
-                               pos[b].to(torch.int64) + torch.arange(n), apply_temperature)
+                               pos[b].to(torch.int64) + torch.arange(n), apply_temperature,
+                               ctl)
         d = draft_token_ids.cpu()[s:s + n].to(torch.int64)
         m = RG.accept_len(t, d)
         k = min(m + 1, n)
