@@ -16,9 +16,9 @@ from autotune.declare import BenchCase, BenchSuite, BenchVariant, Tunable
 from autotune.suites import chain_verify as CV
 from autotune.suites import draft_tail as DT
 from autotune.suites import dtype_name, with_pdl
+from autotune.suites.chain_verify import make_inputs as verify_inputs
 from recipes.chain_verify import VerifyResult, chain_verify, reference, tune_key
 from recipes.chain_verify import accept as CV_accept
-from recipes.chain_verify import make_inputs as verify_inputs
 from recipes.compat import sglang as S
 from recipes.draft_tail import tune_key as draft_key
 
