@@ -2,8 +2,17 @@
 import pytest
 import torch
 
-from autotune.bitwise import bits  # the tuner's correctness check compares these too
 from tests.conftest import ON_GPU  # noqa: F401  (re-exported)
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns on the CPU: floating dtypes viewed as same-size integers
+    (-0.0 differs from +0.0, a NaN equals the same NaN), as the tuner compares them
+    (`autotune.bitwise`; the recipe tests import only `recipes` and these helpers)."""
+    t = t.detach().cpu().contiguous()
+    return t.view(_SAME_SIZE_INT[t.element_size()]) if t.is_floating_point() else t
 
 
 class CountingKernel:

@@ -189,3 +189,43 @@ def test_extend_tuning_matches_the_composition(device):
     for cfg in random.Random(0).sample(configs, min(6, len(configs))):
         assert t.equal(t.run(t.make_inputs(key, device, 3), cfg), ref), cfg
     assert len(t.default_keys("gpu")) == 8
+
+
+# --- bench suite and target -------------------------------------------------------------------
+def test_bench_suite_and_target(device, tmp_path):
+    """The compat_sglang_sampled suite covers the issue's shapes with chain_verify timed on
+    the same inputs (the same answer: its smoke case without controls), and
+    `dropin.sglang_sampled` holds each case to 1.1x of it."""
+    from autotune import targets
+    from autotune.bench import results
+    from autotune.suites.compat_sglang import SUITES
+
+    suite = next(s for s in SUITES if s.name == "compat_sglang_sampled")
+    case = next(c for c in suite.cases("smoke") if c.label["controls"] == "off")
+    state = case.make(device, 3)
+    got = case.variants["ours"].fn(state)
+    r = case.variants["ours: chain_verify"].fn(state)
+    assert_equal(r.bonus, got.bonus_tokens, "bonus")
+    assert_equal(r.accept_len, got.num_correct_drafts, "accepted")
+    full = suite.cases("full")
+    assert sorted((c.label["B"], c.label["controls"]) for c in full) == sorted(
+        (b, c) for b in (1, 8, 64) for c in ("off", "topk_topp"))
+    assert all(c.label["N"] == 4 and c.label["V"] == 151936 and c.label["dtype"] == "bfloat16"
+               and {"ours", "ours: chain_verify"} <= set(c.variants) for c in full)
+
+    def timed(c, ours, cv):
+        return {"label": c.label, "bytes": c.bytes, "errors": {},
+                "timings": {"ours": {"p50": ours, "mode": "behind"},
+                            "ours: chain_verify": {"p50": cv, "mode": "behind"}}}
+    cases = [timed(c, 10.5 if c.label["B"] < 64 else 12.5, 10.0) for c in full]
+    results.write_json(tmp_path / "bench-compat_sglang_sampled.json",
+                       {"suite": suite.name, "cases": cases})
+    row = next(r for r in targets.compute(tmp_path) if r["id"] == "dropin.sglang_sampled")
+    assert row["met"] is False and row["measured"] == 1.25, row
+    assert "4 of 6 cases" in row["detail"] and "B=64" in row["detail"]
+    for c in cases:
+        c["timings"]["ours"]["p50"] = 10.9
+    results.write_json(tmp_path / "bench-compat_sglang_sampled.json",
+                       {"suite": suite.name, "cases": cases})
+    row = next(r for r in targets.compute(tmp_path) if r["id"] == "dropin.sglang_sampled")
+    assert row["met"] is True and row["measured"] == 1.09, row
