@@ -14,11 +14,20 @@ so P does not depend on the launch configuration. A row with a NaN z keeps its f
 id (it wins anyway). Greedy rows and rows with every control off get no threshold
 (PACKED_EMPTY) and are scanned as without controls.
 
-Kernel: `_select_kernel`, one program per row, finds P exactly: the row max, a binary
-search over z keys for the min_p cut, then bisections over packed keys with masked
-counts (top_k) and masses (top_p) of the row. Each bisection step reads the row again
-(64 steps at most per control), so this path is exact but slow (see docs/performance.md,
-"Sampling controls"); the sampled scan then keeps only ids with pk >= P.
+Two ways to the kept set, the same set (the same masses and comparisons):
+
+* candidates (top_k on and at most CAP, whatever the other controls): S lies within
+  the row's CAP largest pk. Each chunk finds its CAP largest (`chunk_top_packed`: a
+  lane-max pass, then the ids at or above the CAP-th lane max compacted and sorted),
+  the row's last chunk merges the lists, applies min_p, top_k and top_p to the sorted
+  CAP and scores only the kept ids exactly (`candidates_packed`). No threshold pass.
+* threshold (any other control on): `row_threshold`, one program a row, finds P
+  exactly: the row max, a binary search over z keys for the min_p cut, then
+  bisections over packed keys with masked counts (top_k) and masses (top_p). Each
+  bisection step reads the row again (64 steps at most per control), so this path is
+  exact but slow (docs/performance.md, "Sampling controls"); the sampled scan then
+  keeps only ids with pk >= P (`restricted_chunk_packed`). `launch_select` runs it
+  alone (thr per row, PACKED_EMPTY = no restriction) for kernels of their own.
 """
 from __future__ import annotations
 
@@ -30,6 +39,9 @@ from . import _gumbel_core as GC
 from ._argmax_core import PACKED_EMPTY, pack, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
+CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
+SUB = 512       # ids a step of the candidate pass
+NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
 
 
 # --- torch: the semantics -------------------------------------------------------------
@@ -110,12 +122,12 @@ def _mass(z, zmax):
 
 
 @triton.jit
-def _above(row_ptr, V, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """Count (MASS=False) or fixed-point mass of the ids of the row with pk >= P."""
+def _above(row_ptr, lo, hi, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Count (MASS=False) or fixed-point mass of the ids of [lo, hi) with pk >= P."""
     acc = tl.zeros([BLOCK], tl.int64)
-    for lo in range(0, V, BLOCK):
-        ids = lo + tl.arange(0, BLOCK)
-        live = ids < V
+    for base in range(lo, hi, BLOCK):
+        ids = base + tl.arange(0, BLOCK)
+        live = ids < hi
         z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
         keep = live & (packed_key(z, ids, IDB) >= P)
         if MASS:
@@ -126,15 +138,10 @@ def _above(row_ptr, V, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, V, K,
-                   stride_b, stride_j, st, sk, sp, sm, IDB,
-                   HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    b = r // (K + 1)
-    j = r - b * (K + 1)
-    b64 = b.to(tl.int64)
-    T = tl.load(temp_ptr + b64 * st).to(tl.float32)
+def load_controls(topk_ptr, topp_ptr, minp_ptr, b64, sk, sp, sm, V,
+                  HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr):
+    """(k, p, mp, on) of request b: the three controls (k 0, p 1, mp 0 where not
+    given) and whether any of them is on."""
     k = tl.zeros([], tl.int64)
     p = tl.full([], 1.0, tl.float32)
     mp = tl.zeros([], tl.float32)
@@ -148,65 +155,89 @@ def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, 
     if HAS_M:
         mp = tl.load(minp_ptr + b64 * sm).to(tl.float32)
         on = on | (mp > 0.0)
+    return k, p, mp, on
+
+
+@triton.jit
+def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
+    """P of a sampled row with controls (k, p, mp), by one program: the row max, a
+    binary search over z keys for the min_p cut, then bisections over packed keys
+    with masked counts (top_k) and masses (top_p), a pass over the row each."""
+    hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
+    lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
+    for lo in range(0, V, BLOCK):
+        ids = lo + tl.arange(0, BLOCK)
+        live = ids < V
+        z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
+        pk = packed_key(z, ids, IDB)
+        hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
+        lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
+    pmax = tl.max(hi_pk, 0)
+    P = tl.min(lo_pk, 0)                       # keep everything
+    zkey = pmax >> IDB
+    zmax = unpack_value(zkey << 32)
+    if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
+        P = pmax
+    else:
+        if mp > 0.0:
+            # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
+            lmp = tl.log(mp)
+            klo = tl.full([], -0x7F800000, tl.int64)
+            khi = zkey
+            while khi - klo > 0:
+                mid = klo + (khi - klo) // 2
+                zm = unpack_value(mid << 32)
+                d = tl.where(zm == zmax, 0.0, zm - zmax)
+                if (d >= lmp) | (zm == zmax):
+                    khi = mid
+                else:
+                    klo = mid + 1
+            P = tl.maximum(P, khi << IDB)
+        if (k > 0) & (k < V):
+            # the largest threshold keeping at least k ids: the k-th id's key
+            lo_t = P
+            hi_t = pmax + 1
+            while hi_t - lo_t > 1:
+                mid = lo_t + (hi_t - lo_t) // 2
+                if _above(row_ptr, 0, V, T, zmax, mid, IDB, False, BLOCK) >= k:
+                    lo_t = mid
+                else:
+                    hi_t = mid
+            P = lo_t
+        if p <= 0.0:
+            P = pmax
+        elif p < 1.0:
+            W = _above(row_ptr, 0, V, T, zmax, P, IDB, True, BLOCK)
+            target = p.to(tl.float64) * W.to(tl.float64)
+            lo_t = P
+            hi_t = pmax + 1
+            while hi_t - lo_t > 1:
+                mid = lo_t + (hi_t - lo_t) // 2
+                m = _above(row_ptr, 0, V, T, zmax, mid, IDB, True, BLOCK)
+                if m.to(tl.float64) >= target:
+                    lo_t = mid
+                else:
+                    hi_t = mid
+            P = lo_t
+    return P
+
+
+@triton.jit
+def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, V, K,
+                   stride_b, stride_j, st, sk, sp, sm, IDB,
+                   HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    b = r // (K + 1)
+    j = r - b * (K + 1)
+    b64 = b.to(tl.int64)
+    T = tl.load(temp_ptr + b64 * st).to(tl.float32)
+    k, p, mp, on = load_controls(topk_ptr, topp_ptr, minp_ptr, b64, sk, sp, sm, V,
+                                 HAS_K, HAS_P, HAS_M)
     P = tl.full([], PACKED_EMPTY, tl.int64)
     if (T > 0) & on:
         row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
-        hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
-        lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
-        for lo in range(0, V, BLOCK):
-            ids = lo + tl.arange(0, BLOCK)
-            live = ids < V
-            z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
-            pk = packed_key(z, ids, IDB)
-            hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
-            lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
-        pmax = tl.max(hi_pk, 0)
-        P = tl.min(lo_pk, 0)                       # keep everything
-        zkey = pmax >> IDB
-        zmax = unpack_value(zkey << 32)
-        if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
-            P = pmax
-        else:
-            if mp > 0.0:
-                # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
-                lmp = tl.log(mp)
-                klo = tl.full([], -0x7F800000, tl.int64)
-                khi = zkey
-                while khi - klo > 0:
-                    mid = klo + (khi - klo) // 2
-                    zm = unpack_value(mid << 32)
-                    d = tl.where(zm == zmax, 0.0, zm - zmax)
-                    if (d >= lmp) | (zm == zmax):
-                        khi = mid
-                    else:
-                        klo = mid + 1
-                P = tl.maximum(P, khi << IDB)
-            if (k > 0) & (k < V):
-                # the largest threshold keeping at least k ids: the k-th id's key
-                lo_t = P
-                hi_t = pmax + 1
-                while hi_t - lo_t > 1:
-                    mid = lo_t + (hi_t - lo_t) // 2
-                    if _above(row_ptr, V, T, zmax, mid, IDB, False, BLOCK) >= k:
-                        lo_t = mid
-                    else:
-                        hi_t = mid
-                P = lo_t
-            if p <= 0.0:
-                P = pmax
-            elif p < 1.0:
-                W = _above(row_ptr, V, T, zmax, P, IDB, True, BLOCK)
-                target = p.to(tl.float64) * W.to(tl.float64)
-                lo_t = P
-                hi_t = pmax + 1
-                while hi_t - lo_t > 1:
-                    mid = lo_t + (hi_t - lo_t) // 2
-                    m = _above(row_ptr, V, T, zmax, mid, IDB, True, BLOCK)
-                    if m.to(tl.float64) >= target:
-                        lo_t = mid
-                    else:
-                        hi_t = mid
-                P = lo_t
+        P = row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK)
     tl.store(thr_ptr + r, P)
 
 
@@ -228,6 +259,114 @@ def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
         s = GC.exact_scores(x, T, GC.philox_tile(seed, ctr, base // 4, G))
         best = tl.maximum(best, tl.where(keep, pack(s, ids), PACKED_EMPTY))
     return tl.max(tl.reshape(best, [BLOCK]), 0)
+
+
+@triton.jit
+def small_k(k, V, CAPK: tl.constexpr):
+    """top_k is on and at most CAPK: the row's kept set lies within its CAPK largest pk."""
+    return (k > 0) & (k < V) & (k <= CAPK)
+
+
+@triton.jit
+def _step_pk(row_ptr, base, hi, T, IDB, SUBN: tl.constexpr):
+    """pk of ids base .. base + SUBN - 1 (PACKED_EMPTY from hi on)."""
+    ids = base + tl.arange(0, SUBN)
+    live = ids < hi
+    x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+    return tl.where(live, packed_key(tl.math.div_rn(x, T), ids, IDB), PACKED_EMPTY)
+
+
+@triton.jit
+def _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN: tl.constexpr, NCN: tl.constexpr):
+    """Store the pk >= t of ids [lo, hi) into buf[0:NCN] (the first NCN of them, in id
+    order); return how many there are."""
+    n = tl.zeros([], tl.int32)
+    for base in range(lo, hi, SUBN):
+        pk = _step_pk(row_ptr, base, hi, T, IDB, SUBN)
+        keep = (pk >= t) & (pk != PACKED_EMPTY)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(buf_ptr + at, pk, mask=keep & (at < NCN))
+        n += tl.sum(keep.to(tl.int32), 0)
+    return n
+
+
+@triton.jit
+def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
+                     SUBN: tl.constexpr, NCN: tl.constexpr):
+    """The CAPK largest pk of ids [lo, hi), descending (PACKED_EMPTY where the chunk has
+    fewer). One pass keeps each lane's max (lane: position in a SUBN-id step); the
+    CAPK-th largest lane max t has CAPK ids at or above it, so the chunk's CAPK largest
+    are among the ids with pk >= t: a second pass (L1/L2-resident) stores those into
+    buf[0:NCN] (scratch resting at PACKED_EMPTY, left at rest), and a sort of them
+    picks the CAPK largest. Where more than NCN ids reach t (many of the largest in
+    few lanes), bisection over counts finds the CAPK-th largest pk exactly first."""
+    lm = tl.full([SUBN], PACKED_EMPTY, tl.int64)
+    for base in range(lo, hi, SUBN):
+        lm = tl.maximum(lm, _step_pk(row_ptr, base, hi, T, IDB, SUBN))
+    t = tl.min(tl.topk(lm, CAPK), 0)
+    n = _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN, NCN)
+    used = tl.minimum(n, NCN)
+    if n > NCN:
+        lo_t = t
+        hi_t = tl.max(lm, 0) + 1
+        while hi_t - lo_t > 1:
+            mid = lo_t + (hi_t - lo_t) // 2
+            if _above(row_ptr, lo, hi, T, 0.0, mid, IDB, False, SUBN) >= CAPK:
+                lo_t = mid
+            else:
+                hi_t = mid
+        n = _compact(row_ptr, lo, hi, T, IDB, lo_t, buf_ptr, SUBN, NCN)   # exactly CAPK
+    tl.debug_barrier()                 # every thread's stores before the read-back
+    j = tl.arange(0, NCN)
+    c = tl.atomic_xchg(buf_ptr + j, tl.full([NCN], PACKED_EMPTY, tl.int64), mask=j < used,
+                       sem="relaxed")
+    return tl.topk(tl.where(j < n, c, PACKED_EMPTY), CAPK)
+
+
+@triton.jit
+def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB,
+                      HAS_P: tl.constexpr, HAS_M: tl.constexpr, CAPK: tl.constexpr,
+                      NSP: tl.constexpr):
+    """The sampled token of a row whose top_k (k) is at most CAPK, as a packed exact
+    score: the row's CAPK largest pk are the largest of its chunks' lists
+    (cand[0:n_chunks*CAPK], read and put back to rest); min_p, top_k and top_p are then
+    applied to that sorted list as `_select_kernel` applies them to the row (the same
+    masses and comparisons, so the same kept set), and only the kept ids are scored."""
+    cj = tl.arange(0, NSP)[:, None] * CAPK + tl.arange(0, CAPK)[None, :]
+    live = cj < n_chunks * CAPK
+    c = tl.atomic_xchg(cand_ptr + cj, tl.full([NSP, CAPK], PACKED_EMPTY, tl.int64),
+                       mask=live, sem="relaxed")
+    c = tl.topk(tl.reshape(tl.where(live, c, PACKED_EMPTY), [NSP * CAPK]), CAPK)
+    i = tl.arange(0, CAPK)
+    valid = c != PACKED_EMPTY
+    zkey = tl.max(c, 0) >> IDB
+    zmax = unpack_value(zkey << 32)
+    z = unpack_value((c >> IDB) << 32)
+    n = k
+    if HAS_M:
+        if mp > 0.0:
+            d = tl.where(z == zmax, 0.0, z - zmax)
+            keep = valid & ((d >= tl.log(mp)) | (z == zmax))
+            n = tl.minimum(n, tl.sum(keep.to(tl.int64), 0))
+    if HAS_P:
+        if p <= 0.0:
+            n = tl.full([], 1, tl.int64)
+        elif p < 1.0:
+            w = tl.where(i < n, _mass(z, zmax), 0)
+            target = p.to(tl.float64) * tl.sum(w, 0).to(tl.float64)
+            excl = tl.cumsum(w, 0) - w
+            n = tl.maximum(tl.sum(((excl.to(tl.float64) < target) & (i < n)).to(tl.int64),
+                                  0), 1)
+    if zkey == 0x7FFFFFFF:             # a NaN row: its first NaN id
+        n = tl.full([], 1, tl.int64)
+    ids = ((1 << IDB) - 1 - (c & ((1 << IDB) - 1))).to(tl.int32)
+    kept = (i < n) & valid
+    x = tl.load(row_ptr + ids, mask=kept, other=0.0).to(tl.float32)
+    r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
+    q = ids % 4
+    r = tl.where(q == 0, r0, tl.where(q == 1, r1, tl.where(q == 2, r2, r3)))
+    s = GC.exact_scores(x, T, r)
+    return tl.max(tl.where(kept, pack(s, ids), PACKED_EMPTY), 0)
 
 
 def id_bits(V: int) -> int:
