@@ -40,8 +40,9 @@ from ._argmax_core import PACKED_EMPTY, pack, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
 CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
-SUB = 512       # ids a step of the candidate pass
+SUB = 512       # ids a step of the candidate pass on short chunks (else BLOCK_V)
 NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
+GROUP = 16      # the row merge: GROUP - 1 chunk lists and the running CAP at a time
 
 
 # --- torch: the semantics -------------------------------------------------------------
@@ -268,21 +269,30 @@ def small_k(k, V, CAPK: tl.constexpr):
 
 
 @triton.jit
-def _step_pk(row_ptr, base, hi, T, IDB, SUBN: tl.constexpr):
-    """pk of ids base .. base + SUBN - 1 (PACKED_EMPTY from hi on)."""
+def _step_load(row_ptr, base, hi, SUBN: tl.constexpr):
     ids = base + tl.arange(0, SUBN)
-    live = ids < hi
-    x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
-    return tl.where(live, packed_key(tl.math.div_rn(x, T), ids, IDB), PACKED_EMPTY)
+    return tl.load(row_ptr + ids, mask=ids < hi, other=0.0)
+
+
+@triton.jit
+def _step_pk(x, base, hi, T, IDB, SUBN: tl.constexpr):
+    """pk of ids base .. base + SUBN - 1 with logits x (PACKED_EMPTY from hi on)."""
+    ids = base + tl.arange(0, SUBN)
+    pk = packed_key(tl.math.div_rn(x.to(tl.float32), T), ids, IDB)
+    return tl.where(ids < hi, pk, PACKED_EMPTY)
 
 
 @triton.jit
 def _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN: tl.constexpr, NCN: tl.constexpr):
     """Store the pk >= t of ids [lo, hi) into buf[0:NCN] (the first NCN of them, in id
-    order); return how many there are."""
+    order); return how many there are. The next step's loads go out before this
+    step's arithmetic."""
     n = tl.zeros([], tl.int32)
+    xn = _step_load(row_ptr, lo, hi, SUBN)
     for base in range(lo, hi, SUBN):
-        pk = _step_pk(row_ptr, base, hi, T, IDB, SUBN)
+        x = xn
+        xn = _step_load(row_ptr, base + SUBN, hi, SUBN)
+        pk = _step_pk(x, base, hi, T, IDB, SUBN)
         keep = (pk >= t) & (pk != PACKED_EMPTY)
         at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.store(buf_ptr + at, pk, mask=keep & (at < NCN))
@@ -301,8 +311,11 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
     picks the CAPK largest. Where more than NCN ids reach t (many of the largest in
     few lanes), bisection over counts finds the CAPK-th largest pk exactly first."""
     lm = tl.full([SUBN], PACKED_EMPTY, tl.int64)
+    xn = _step_load(row_ptr, lo, hi, SUBN)
     for base in range(lo, hi, SUBN):
-        lm = tl.maximum(lm, _step_pk(row_ptr, base, hi, T, IDB, SUBN))
+        x = xn
+        xn = _step_load(row_ptr, base + SUBN, hi, SUBN)    # in flight during this step
+        lm = tl.maximum(lm, _step_pk(x, base, hi, T, IDB, SUBN))
     t = tl.min(tl.topk(lm, CAPK), 0)
     n = _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN, NCN)
     used = tl.minimum(n, NCN)
@@ -326,17 +339,23 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
 @triton.jit
 def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB,
                       HAS_P: tl.constexpr, HAS_M: tl.constexpr, CAPK: tl.constexpr,
-                      NSP: tl.constexpr):
+                      GROUP: tl.constexpr):
     """The sampled token of a row whose top_k (k) is at most CAPK, as a packed exact
     score: the row's CAPK largest pk are the largest of its chunks' lists
-    (cand[0:n_chunks*CAPK], read and put back to rest); min_p, top_k and top_p are then
-    applied to that sorted list as `_select_kernel` applies them to the row (the same
-    masses and comparisons, so the same kept set), and only the kept ids are scored."""
-    cj = tl.arange(0, NSP)[:, None] * CAPK + tl.arange(0, CAPK)[None, :]
-    live = cj < n_chunks * CAPK
-    c = tl.atomic_xchg(cand_ptr + cj, tl.full([NSP, CAPK], PACKED_EMPTY, tl.int64),
-                       mask=live, sem="relaxed")
-    c = tl.topk(tl.reshape(tl.where(live, c, PACKED_EMPTY), [NSP * CAPK]), CAPK)
+    (cand[0:n_chunks*CAPK], read and put back to rest; merged GROUP - 1 lists at a time
+    into the running CAPK); min_p, top_k and top_p are then applied to that sorted list
+    as `row_threshold` applies them to the row (the same masses and comparisons, so the
+    same kept set), and only the kept ids are scored."""
+    gj = tl.arange(0, GROUP)[:, None]
+    cj = (gj - 1) * CAPK + tl.arange(0, CAPK)[None, :]
+    c = tl.full([CAPK], PACKED_EMPTY, tl.int64)
+    for g0 in range(0, n_chunks, GROUP - 1):
+        live = (gj > 0) & (g0 * CAPK + cj < n_chunks * CAPK)
+        got = tl.atomic_xchg(cand_ptr + g0 * CAPK + cj,
+                             tl.full([GROUP, CAPK], PACKED_EMPTY, tl.int64), mask=live,
+                             sem="relaxed")
+        got = tl.where(live, got, tl.where(gj == 0, c[None, :], PACKED_EMPTY))
+        c = tl.topk(tl.reshape(got, [GROUP * CAPK]), CAPK)
     i = tl.arange(0, CAPK)
     valid = c != PACKED_EMPTY
     zkey = tl.max(c, 0) >> IDB

@@ -254,7 +254,7 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
                             CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
-                            NSP: tl.constexpr, SEL_BLOCK: tl.constexpr):
+                            GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr):
     """`_verify_kernel` with the sampling controls, one launch: R threshold programs,
     then R * n_split scan programs. Each row's request falls in one of three paths:
 
@@ -312,7 +312,7 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                 pos = tl.load(pos_ptr + b64 * stride_p).to(tl.int64)
                 packed = CC.candidates_packed(cand_ptr + row * n_split * CAPK, n_split,
                                               row_ptr, T, seed, (pos + j).to(tl.uint32), k,
-                                              p, mp, IDB, HAS_P, HAS_M, CAPK, NSP)
+                                              p, mp, IDB, HAS_P, HAS_M, CAPK, GROUP)
                 tl.store(rcnt_ptr + row, 0)
                 if publish_packed(packed, acc_ptr + row, cnt_ptr + b) == K:
                     _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr,
@@ -571,6 +571,12 @@ def validate_controls(top_k, top_p, min_p, sampling, B: int, device):
     return top_k, top_p, min_p
 
 
+def candidate_step(block: int, tiles_per: int) -> int:
+    """Ids a step of the candidate pass: a tile on chunks of 4 tiles or more (loads
+    enough in flight), else CAP's 512 (a short sort of the lane maxima at small B)."""
+    return block if tiles_per >= 4 else min(block, CC.SUB)
+
+
 def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
                     controls) -> None:
     """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
@@ -597,7 +603,8 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, HAS_K=has_k,
         HAS_P=controls[1] is not None, HAS_M=controls[2] is not None, CAPK=CC.CAP,
-        SUBN=CC.SUB, NCN=CC.NC, NSP=C.next_pow2(split), SEL_BLOCK=256 * cfg["num_warps"],
+        SUBN=candidate_step(cfg["BLOCK_V"], tiles_per), NCN=CC.NC, GROUP=CC.GROUP,
+        SEL_BLOCK=256 * cfg["num_warps"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
