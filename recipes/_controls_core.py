@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from . import _gumbel_core as GC
-from ._argmax_core import PACKED_EMPTY, pack, unpack_value
+from ._argmax_core import PACKED_EMPTY, pack, unpack_index, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
 CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
@@ -160,21 +160,34 @@ def load_controls(topk_ptr, topp_ptr, minp_ptr, b64, sk, sp, sm, V,
 
 
 @triton.jit
-def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
-    """P of a sampled row with controls (k, p, mp), by one program: the row max, a
-    binary search over z keys for the min_p cut, then bisections over packed keys
-    with masked counts (top_k) and masses (top_p), a pass over the row each."""
+def pk_range(row_ptr, lo, hi, T, IDB, BLOCK: tl.constexpr):
+    """(largest, smallest) pk of ids [lo, hi)."""
     hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
     lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
-    for lo in range(0, V, BLOCK):
-        ids = lo + tl.arange(0, BLOCK)
-        live = ids < V
+    for base in range(lo, hi, BLOCK):
+        ids = base + tl.arange(0, BLOCK)
+        live = ids < hi
         z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
         pk = packed_key(z, ids, IDB)
         hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
         lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
-    pmax = tl.max(hi_pk, 0)
-    P = tl.min(lo_pk, 0)                       # keep everything
+    return tl.max(hi_pk, 0), tl.min(lo_pk, 0)
+
+
+@triton.jit
+def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
+    """P of a sampled row with controls (k, p, mp), by one program: the row's pk range
+    (`pk_range`), then `threshold_in`."""
+    pmax, pmin = pk_range(row_ptr, 0, V, T, IDB, BLOCK)
+    return threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK)
+
+
+@triton.jit
+def threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK: tl.constexpr):
+    """P of a sampled row with controls (k, p, mp) whose pk lie in [pmin, pmax]: a
+    binary search over z keys for the min_p cut (no pass), then bisections over packed
+    keys with masked counts (top_k) and masses (top_p), a pass over the row each."""
+    P = pmin                                   # keep everything
     zkey = pmax >> IDB
     zmax = unpack_value(zkey << 32)
     if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
@@ -260,6 +273,81 @@ def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
         s = GC.exact_scores(x, T, GC.philox_tile(seed, ctr, base // 4, G))
         best = tl.maximum(best, tl.where(keep, pack(s, ids), PACKED_EMPTY))
     return tl.max(tl.reshape(best, [BLOCK]), 0)
+
+
+@triton.jit
+def _restricted_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, P, IDB,
+                            BLOCK: tl.constexpr, R: tl.constexpr):
+    """Packed argmax of the exact scores of the ids of one lane of a chunk
+    (lo + t * BLOCK + lane, t < n_tiles, R at a time) with pk >= P."""
+    k = lane % 4
+    best = tl.full([], PACKED_EMPTY, tl.int64)
+    for t0 in range(0, n_tiles, R):
+        tt = t0 + tl.arange(0, R)
+        ids = lo + tt * BLOCK + lane
+        live = (tt < n_tiles) & (ids < hi)
+        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+        live = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
+        r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
+        r = tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
+        s = GC.exact_scores(x, T, r)
+        best = tl.maximum(best, tl.max(tl.where(live, pack(s, ids), PACKED_EMPTY), 0))
+    return best
+
+
+@triton.jit
+def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
+                               BLOCK: tl.constexpr, MAXC: tl.constexpr):
+    """`restricted_chunk_packed`'s answer by the filtered scan of `_gumbel_core`
+    (`_filter_chunk`), the ids with pk < P given the bound -inf: pass 1 keeps each
+    lane's max upper bound over the kept ids, the top lane is scored exactly over its
+    kept ids (A, a kept id's exact score), then every other lane whose bound reaches A
+    (at most MAXC). A chunk with no kept id answers PACKED_EMPTY. Handed to the exact
+    restricted scan: log2(e) / T outside the gate, a NaN or infinite bound, |A| beyond
+    FAR, more than MAXC lanes, kept ids whose bounds are all -inf."""
+    c = tl.math.div_rn(tl.full([], GC.LOG2E, tl.float32), T)
+    packed = tl.full([], PACKED_EMPTY, tl.int64)
+    good = tl.zeros([], tl.int32)
+    if (c > GC.GATE_LO) & (c < GC.GATE_HI):
+        G: tl.constexpr = BLOCK // 4
+        lanes = GC.tile_lanes(G)
+        b1 = tl.full([G, 4], float("-inf"), tl.float32)
+        kept = tl.zeros([G, 4], tl.int32)
+        for t in range(0, n_tiles):
+            base = lo + t * BLOCK
+            ids = base + lanes
+            live = ids < hi
+            x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+            keep = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
+            a = x * c - GC.approx_log2_w(GC.philox_tile(seed, ctr, base // 4, G))
+            b1 = tl.maximum(b1, tl.where(keep, a, float("-inf")),
+                            propagate_nan=tl.PropagateNan.ALL)
+            kept = kept | keep.to(tl.int32)
+        b1 = tl.reshape(b1, [BLOCK])
+        lanes = tl.reshape(lanes, [BLOCK])
+        top_packed = tl.max(pack(b1, lanes), 0)
+        bmax = unpack_value(top_packed)
+        if tl.max(tl.reshape(kept, [BLOCK]), 0) == 0:
+            good = tl.full([], 1, tl.int32)         # no kept id: PACKED_EMPTY
+        elif (bmax > -GC.FAR) & (bmax < GC.FAR):
+            top = unpack_index(top_packed)
+            packed = _restricted_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, P,
+                                             IDB, BLOCK, 32)
+            A = unpack_value(packed)
+            cand = (GC._bound(b1, 1.0) >= A) & (lanes != top)
+            n = tl.sum(cand.to(tl.int32), 0)
+            if (n <= MAXC) & (A > -GC.FAR) & (A < GC.FAR):
+                good = tl.full([], 1, tl.int32)
+                cl = tl.where(cand, lanes, 0x7FFFFFFF)
+                for _ in range(0, n):
+                    lane = tl.min(cl, 0)
+                    cl = tl.where(cl == lane, 0x7FFFFFFF, cl)
+                    packed = tl.maximum(packed, _restricted_lane_packed(
+                        row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, P, IDB, BLOCK, 32))
+    if good == 0:
+        packed = restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
+                                         BLOCK)
+    return packed
 
 
 @triton.jit

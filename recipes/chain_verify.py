@@ -255,35 +255,48 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
                             CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
                             GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr):
-    """`_verify_kernel` with the sampling controls, one launch: R threshold programs,
-    then R * n_split scan programs. Each row's request falls in one of three paths:
+    """`_verify_kernel` with the sampling controls, one launch: R * n_split threshold
+    programs, then R * n_split scan programs (the same chunks). Each row's request
+    falls in one of three paths:
 
     * candidate (sampled, top_k on and at most CAPK): each scan program puts its
       chunk's CAPK largest pk (`_controls_core.chunk_top_packed`) in cand; the row's
       last program (row counter rcnt) applies the controls to the row's CAPK largest
       and samples among the kept ids (`candidates_packed`);
-    * threshold (sampled, another control on): the row's threshold program finds P
-      (`row_threshold`) and publishes it in thr[row]; the row's scan programs wait for
-      it (they come later in launch order, so the one they wait on is running or done:
-      the interpreter runs programs in order) and sample over pk >= P (exact scores);
+    * threshold (sampled, another control on): the row's threshold programs find its
+      pk range (`pk_range`, folded in scratch), the last of them (row counter rcnt)
+      finds P (`threshold_in`) and publishes it in thr[row]; the row's scan programs
+      wait for it (they come later in launch order, so those they wait on are running
+      or done: the interpreter runs programs in order) and sample over pk >= P (exact
+      scores);
     * plain (greedy, or every control off): scanned exactly as without controls.
 
     The finishing program of a request puts its thresholds back to rest."""
     pid = tl.program_id(0)
-    R = tl.num_programs(0) // (n_split + 1)
-    if pid < R:
-        b = pid // (K + 1)
-        b64 = b.to(tl.int64)
+    R = tl.num_programs(0) // (2 * n_split)
+    if pid < R * n_split:
+        r = pid // n_split
+        b64 = (r // (K + 1)).to(tl.int64)
         T = tl.load(temp_ptr + b64 * stride_t).to(tl.float32)
         k, p, mp, on = CC.load_controls(topk_ptr, topp_ptr, minp_ptr, b64, stride_k,
                                         stride_tp, stride_mp, V, HAS_K, HAS_P, HAS_M)
         if (T > 0) & on & ~CC.small_k(k, V, CAPK):
-            j = pid - b * (K + 1)
-            row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
-            P = CC.row_threshold(row_ptr, V, T, k, p, mp, IDB, SEL_BLOCK)
-            tl.atomic_xchg(thr_ptr + pid, P, sem="release")
+            chunk = pid - r * n_split
+            j = r - b64 * (K + 1)
+            row_ptr = logits_ptr + b64 * stride_b + j * stride_j
+            lo = chunk * tiles_per * BLOCK_V
+            pmax, pmin = CC.pk_range(row_ptr, lo, tl.minimum(lo + tiles_per * BLOCK_V, V), T,
+                                     IDB, SEL_BLOCK)
+            tl.atomic_max(acc_ptr + 2 * R + r, pmax, sem="relaxed")
+            tl.atomic_max(acc_ptr + 3 * R + r, ~pmin, sem="relaxed")
+            if tl.atomic_add(rcnt_ptr + r, 1, sem="acq_rel") == n_split - 1:
+                pmax = tl.atomic_xchg(acc_ptr + 2 * R + r, PACKED_EMPTY, sem="relaxed")
+                pmin = ~tl.atomic_xchg(acc_ptr + 3 * R + r, PACKED_EMPTY, sem="relaxed")
+                tl.store(rcnt_ptr + r, 0)
+                P = CC.threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, SEL_BLOCK)
+                tl.atomic_xchg(thr_ptr + r, P, sem="release")
     else:
-        pid = pid - R
+        pid = pid - R * n_split
         per_req = (K + 1) * n_split
         b = pid // per_req
         rem = pid - b * per_req
@@ -328,8 +341,13 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                     P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
                     while P == PACKED_EMPTY:
                         P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
-                    packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed,
-                                                        ctr, P, IDB, BLOCK_V)
+                    if EXACT:
+                        packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T,
+                                                            seed, ctr, P, IDB, BLOCK_V)
+                    else:
+                        packed = CC.restricted_filtered_packed(row_ptr, lo, hi, tiles_per, T,
+                                                               seed, ctr, P, IDB, BLOCK_V,
+                                                               MAXC)
                 else:
                     packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
                                                   BLOCK_V, EXACT, MAXC, UNROLL == 2)
@@ -581,20 +599,20 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
                     controls) -> None:
     """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
     workspace, all resting at PACKED_EMPTY / 0: after the R row slots, R thresholds,
-    then with top_k CAP candidates and NC compaction slots a scan program; after the B
-    request counters, R row counters."""
+    R row maxima and R row minima (complemented), then with top_k CAP candidates and NC
+    compaction slots a scan program; after the B request counters, R row counters."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     R = B * (K + 1)
     has_k = controls[0] is not None
     per = (CC.CAP + CC.NC) * R * split if has_k else 0
-    acc, cnt = C.WORKSPACE.get(logits.device, 2 * R + per, B + R)
+    acc, cnt = C.WORKSPACE.get(logits.device, 4 * R + per, B + R)
     thr = acc[R:2 * R]
-    cand = acc[2 * R:2 * R + CC.CAP * R * split]
-    comp = acc[2 * R + CC.CAP * R * split:]
+    cand = acc[4 * R:4 * R + CC.CAP * R * split]
+    comp = acc[4 * R + CC.CAP * R * split:]
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
     ts = [t if t is not None else temp for t in controls]
     strides = [t.stride(0) if t is not None else 0 for t in controls]
-    _controls_verify_kernel[(R * (split + 1),)](
+    _controls_verify_kernel[(2 * R * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, thr, cand, comp, cnt[B:], temp, seeds, pos, *ts, V, K, stride_b, stride_j,
         draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,

@@ -129,3 +129,17 @@ def test_controls_in_a_cuda_graph(device):
         g.replay()
         for a, b in zip(out, want, strict=True):
             assert_equal(a, b)
+
+
+def test_controls_key_is_its_own_mode():
+    """Calls with the controls dispatch on mode "controls", whose heuristic and
+    register limit are the sampled ones."""
+    dev = torch.device("cpu")
+    for B in (1, 8, 64):
+        ck = CV.tune_key(torch.bfloat16, 151936, B, 3, True, True)
+        sk = CV.tune_key(torch.bfloat16, 151936, B, 3, True)
+        assert ck["mode"] == "controls" and sk["mode"] == "sampled"
+        assert CV.heuristic(ck, dev) == CV.heuristic(sk, dev)
+        big = {**SMALL, "BLOCK_V": 8192, "SPLIT": 8}
+        assert CV.constraint(big, ck) == CV.constraint(big, sk)
+    assert CV.tune_key(torch.bfloat16, 5, 1, 1, False, True)["mode"] == "greedy"
