@@ -40,9 +40,10 @@ from ._argmax_core import PACKED_EMPTY, pack, unpack_index, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
 CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
-SUB = 512       # ids a step of the candidate pass on short chunks (else BLOCK_V)
+SUB = 512       # ids a step of the candidate pass (more: more registers, fewer programs an SM)
 NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
 GROUP = 16      # the row merge: GROUP - 1 chunk lists and the running CAP at a time
+KEPT_FLOOR = tl.constexpr(3.0e38)   # restricted filtered scan: floor of a kept id's bound
 
 
 # --- torch: the semantics -------------------------------------------------------------
@@ -304,7 +305,7 @@ def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
     kept ids (A, a kept id's exact score), then every other lane whose bound reaches A
     (at most MAXC). A chunk with no kept id answers PACKED_EMPTY. Handed to the exact
     restricted scan: log2(e) / T outside the gate, a NaN or infinite bound, |A| beyond
-    FAR, more than MAXC lanes, kept ids whose bounds are all -inf."""
+    FAR (kept ids whose logits are all -inf come here too), more than MAXC lanes."""
     c = tl.math.div_rn(tl.full([], GC.LOG2E, tl.float32), T)
     packed = tl.full([], PACKED_EMPTY, tl.int64)
     good = tl.zeros([], tl.int32)
@@ -312,7 +313,6 @@ def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
         G: tl.constexpr = BLOCK // 4
         lanes = GC.tile_lanes(G)
         b1 = tl.full([G, 4], float("-inf"), tl.float32)
-        kept = tl.zeros([G, 4], tl.int32)
         for t in range(0, n_tiles):
             base = lo + t * BLOCK
             ids = base + lanes
@@ -320,14 +320,16 @@ def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
             x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
             keep = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
             a = x * c - GC.approx_log2_w(GC.philox_tile(seed, ctr, base // 4, G))
+            # a kept id's bound is at least -KEPT_FLOOR (raising a bound keeps it one), so
+            # a lane max of -inf means the lane keeps nothing; NaN propagates
+            a = tl.maximum(a, -KEPT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
             b1 = tl.maximum(b1, tl.where(keep, a, float("-inf")),
                             propagate_nan=tl.PropagateNan.ALL)
-            kept = kept | keep.to(tl.int32)
         b1 = tl.reshape(b1, [BLOCK])
         lanes = tl.reshape(lanes, [BLOCK])
         top_packed = tl.max(pack(b1, lanes), 0)
         bmax = unpack_value(top_packed)
-        if tl.max(tl.reshape(kept, [BLOCK]), 0) == 0:
+        if bmax == float("-inf"):
             good = tl.full([], 1, tl.int32)         # no kept id: PACKED_EMPTY
         elif (bmax > -GC.FAR) & (bmax < GC.FAR):
             top = unpack_index(top_packed)

@@ -345,9 +345,11 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                         packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T,
                                                             seed, ctr, P, IDB, BLOCK_V)
                     else:
-                        packed = CC.restricted_filtered_packed(row_ptr, lo, hi, tiles_per, T,
-                                                               seed, ctr, P, IDB, BLOCK_V,
-                                                               MAXC)
+                        # in half tiles: the pk and the bound need more registers an
+                        # id than the plain scan, whose occupancy they would set
+                        packed = CC.restricted_filtered_packed(row_ptr, lo, hi, 2 * tiles_per,
+                                                               T, seed, ctr, P, IDB,
+                                                               BLOCK_V // 2, MAXC)
                 else:
                     packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
                                                   BLOCK_V, EXACT, MAXC, UNROLL == 2)
@@ -589,12 +591,6 @@ def validate_controls(top_k, top_p, min_p, sampling, B: int, device):
     return top_k, top_p, min_p
 
 
-def candidate_step(block: int, tiles_per: int) -> int:
-    """Ids a step of the candidate pass: a tile on chunks of 4 tiles or more (loads
-    enough in flight), else CAP's 512 (a short sort of the lane maxima at small B)."""
-    return block if tiles_per >= 4 else min(block, CC.SUB)
-
-
 def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
                     controls) -> None:
     """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
@@ -621,7 +617,7 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, HAS_K=has_k,
         HAS_P=controls[1] is not None, HAS_M=controls[2] is not None, CAPK=CC.CAP,
-        SUBN=candidate_step(cfg["BLOCK_V"], tiles_per), NCN=CC.NC, GROUP=CC.GROUP,
+        SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, GROUP=CC.GROUP,
         SEL_BLOCK=256 * cfg["num_warps"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
