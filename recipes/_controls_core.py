@@ -14,11 +14,22 @@ so P does not depend on the launch configuration. A row with a NaN z keeps its f
 id (it wins anyway). Greedy rows and rows with every control off get no threshold
 (PACKED_EMPTY) and are scanned as without controls.
 
-Kernel: `_select_kernel`, one program per row, finds P exactly (`row_threshold`): the
-row max, a binary search over z keys for the min_p cut, then bisections over packed keys
-with masked counts (top_k) and masses (top_p) of the row. Each bisection step reads the row again
-(64 steps at most per control), so this path is exact but slow (see docs/performance.md,
-"Sampling controls"); the sampled scan then keeps only ids with pk >= P.
+Two ways to the kept set, the same set (the same masses and comparisons):
+
+* candidates (top_k on and at most CAP, whatever the other controls): S lies within
+  the row's CAP largest pk. Each chunk finds its CAP largest (`chunk_top_packed`: a
+  lane-max pass, then the ids at or above the CAP-th lane max compacted and sorted),
+  the row's last chunk merges the lists, applies min_p, top_k and top_p to the sorted
+  CAP and scores only the kept ids exactly (`candidates_packed`). No threshold pass.
+* threshold (any other control on): the row's programs find its pk range in parallel
+  (`pk_range`) and the last of them finds P exactly (`threshold_in`): a binary search
+  over z keys for the min_p cut, then bisections over packed keys with masked counts
+  (top_k) and masses (top_p). Each bisection step reads the row again (64 steps at most
+  per control), so this path is exact but slow (docs/performance.md, "Sampling
+  controls"); the sampled scan then keeps only ids with pk >= P
+  (`restricted_filtered_packed`, `restricted_chunk_packed` with EXACT).
+  `row_threshold` does both in one program, for kernels of their own (the vLLM adapters'
+  ragged verify).
 """
 from __future__ import annotations
 
@@ -27,10 +38,15 @@ import triton
 import triton.language as tl
 
 from . import _gumbel_core as GC
-from ._argmax_core import PACKED_EMPTY, pack, unpack_value
+from ._argmax_core import PACKED_EMPTY, pack, unpack_index, unpack_value
 
 MASS_ONE = tl.constexpr(2.0 ** 40)      # fixed-point scale of a mass w in (0, 1]
-SELECT_BLOCK, SELECT_WARPS = 1024, 4    # a threshold program's tile and warps
+SELECT_BLOCK, SELECT_WARPS = 1024, 4    # `row_threshold`'s tile and warps (one program)
+CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
+SUB = 512       # ids a step of the candidate pass (more: more registers, fewer programs an SM)
+NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
+GROUP = 16      # the row merge: GROUP - 1 chunk lists and the running CAP at a time
+KEPT_FLOOR = tl.constexpr(3.0e38)   # restricted filtered scan: floor of a kept id's bound
 
 
 # --- torch: the semantics -------------------------------------------------------------
@@ -111,12 +127,12 @@ def _mass(z, zmax):
 
 
 @triton.jit
-def _above(row_ptr, V, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """Count (MASS=False) or fixed-point mass of the ids of the row with pk >= P."""
+def _above(row_ptr, lo, hi, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Count (MASS=False) or fixed-point mass of the ids of [lo, hi) with pk >= P."""
     acc = tl.zeros([BLOCK], tl.int64)
-    for lo in range(0, V, BLOCK):
-        ids = lo + tl.arange(0, BLOCK)
-        live = ids < V
+    for base in range(lo, hi, BLOCK):
+        ids = base + tl.arange(0, BLOCK)
+        live = ids < hi
         z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
         keep = live & (packed_key(z, ids, IDB) >= P)
         if MASS:
@@ -149,21 +165,34 @@ def load_controls(topk_ptr, topp_ptr, minp_ptr, q, sk, sp, sm, V, ok,
 
 
 @triton.jit
-def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
-    """P of one sampled row (T > 0) with controls (k, p, mp) (`load_controls`): the
-    row max, a binary search over z keys for the min_p cut, then bisections over packed
-    keys with masked counts (top_k) and masses (top_p) of the row."""
+def pk_range(row_ptr, lo, hi, T, IDB, BLOCK: tl.constexpr):
+    """(largest, smallest) pk of ids [lo, hi)."""
     hi_pk = tl.full([BLOCK], PACKED_EMPTY, tl.int64)
     lo_pk = tl.full([BLOCK], -PACKED_EMPTY - 1, tl.int64)
-    for lo in range(0, V, BLOCK):
-        ids = lo + tl.arange(0, BLOCK)
-        live = ids < V
+    for base in range(lo, hi, BLOCK):
+        ids = base + tl.arange(0, BLOCK)
+        live = ids < hi
         z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
         pk = packed_key(z, ids, IDB)
         hi_pk = tl.maximum(hi_pk, tl.where(live, pk, PACKED_EMPTY))
         lo_pk = tl.minimum(lo_pk, tl.where(live, pk, -PACKED_EMPTY - 1))
-    pmax = tl.max(hi_pk, 0)
-    P = tl.min(lo_pk, 0)                       # keep everything
+    return tl.max(hi_pk, 0), tl.min(lo_pk, 0)
+
+
+@triton.jit
+def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
+    """P of a sampled row with controls (k, p, mp), by one program: the row's pk range
+    (`pk_range`), then `threshold_in`."""
+    pmax, pmin = pk_range(row_ptr, 0, V, T, IDB, BLOCK)
+    return threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK)
+
+
+@triton.jit
+def threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK: tl.constexpr):
+    """P of a sampled row with controls (k, p, mp) whose pk lie in [pmin, pmax]: a
+    binary search over z keys for the min_p cut (no pass), then bisections over packed
+    keys with masked counts (top_k) and masses (top_p), a pass over the row each."""
+    P = pmin                                   # keep everything
     zkey = pmax >> IDB
     zmax = unpack_value(zkey << 32)
     if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
@@ -189,7 +218,7 @@ def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
             hi_t = pmax + 1
             while hi_t - lo_t > 1:
                 mid = lo_t + (hi_t - lo_t) // 2
-                if _above(row_ptr, V, T, zmax, mid, IDB, False, BLOCK) >= k:
+                if _above(row_ptr, 0, V, T, zmax, mid, IDB, False, BLOCK) >= k:
                     lo_t = mid
                 else:
                     hi_t = mid
@@ -197,38 +226,19 @@ def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
         if p <= 0.0:
             P = pmax
         elif p < 1.0:
-            W = _above(row_ptr, V, T, zmax, P, IDB, True, BLOCK)
+            W = _above(row_ptr, 0, V, T, zmax, P, IDB, True, BLOCK)
             target = p.to(tl.float64) * W.to(tl.float64)
             lo_t = P
             hi_t = pmax + 1
             while hi_t - lo_t > 1:
                 mid = lo_t + (hi_t - lo_t) // 2
-                m = _above(row_ptr, V, T, zmax, mid, IDB, True, BLOCK)
+                m = _above(row_ptr, 0, V, T, zmax, mid, IDB, True, BLOCK)
                 if m.to(tl.float64) >= target:
                     lo_t = mid
                 else:
                     hi_t = mid
             P = lo_t
     return P
-
-
-@triton.jit
-def _select_kernel(logits_ptr, thr_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, V, K,
-                   stride_b, stride_j, st, sk, sp, sm, IDB,
-                   HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    b = r // (K + 1)
-    j = r - b * (K + 1)
-    b64 = b.to(tl.int64)
-    T = tl.load(temp_ptr + b64 * st).to(tl.float32)
-    k, p, mp, on = load_controls(topk_ptr, topp_ptr, minp_ptr, b64, sk, sp, sm, V, True,
-                                 HAS_K, HAS_P, HAS_M)
-    P = tl.full([], PACKED_EMPTY, tl.int64)
-    if (T > 0) & on:
-        row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
-        P = row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK)
-    tl.store(thr_ptr + r, P)
 
 
 @triton.jit
@@ -251,6 +261,208 @@ def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
     return tl.max(tl.reshape(best, [BLOCK]), 0)
 
 
+@triton.jit
+def _restricted_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, P, IDB,
+                            BLOCK: tl.constexpr, R: tl.constexpr):
+    """Packed argmax of the exact scores of the ids of one lane of a chunk
+    (lo + t * BLOCK + lane, t < n_tiles, R at a time) with pk >= P."""
+    k = lane % 4
+    best = tl.full([], PACKED_EMPTY, tl.int64)
+    for t0 in range(0, n_tiles, R):
+        tt = t0 + tl.arange(0, R)
+        ids = lo + tt * BLOCK + lane
+        live = (tt < n_tiles) & (ids < hi)
+        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+        live = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
+        r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
+        r = tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
+        s = GC.exact_scores(x, T, r)
+        best = tl.maximum(best, tl.max(tl.where(live, pack(s, ids), PACKED_EMPTY), 0))
+    return best
+
+
+@triton.jit
+def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
+                               BLOCK: tl.constexpr, MAXC: tl.constexpr):
+    """`restricted_chunk_packed`'s answer by the filtered scan of `_gumbel_core`
+    (`_filter_chunk`), the ids with pk < P given the bound -inf: pass 1 keeps each
+    lane's max upper bound over the kept ids, the top lane is scored exactly over its
+    kept ids (A, a kept id's exact score), then every other lane whose bound reaches A
+    (at most MAXC). A chunk with no kept id answers PACKED_EMPTY. Handed to the exact
+    restricted scan: log2(e) / T outside the gate, a NaN or infinite bound, |A| beyond
+    FAR (kept ids whose logits are all -inf come here too), more than MAXC lanes."""
+    c = tl.math.div_rn(tl.full([], GC.LOG2E, tl.float32), T)
+    packed = tl.full([], PACKED_EMPTY, tl.int64)
+    good = tl.zeros([], tl.int32)
+    if (c > GC.GATE_LO) & (c < GC.GATE_HI):
+        G: tl.constexpr = BLOCK // 4
+        lanes = GC.tile_lanes(G)
+        b1 = tl.full([G, 4], float("-inf"), tl.float32)
+        for t in range(0, n_tiles):
+            base = lo + t * BLOCK
+            ids = base + lanes
+            live = ids < hi
+            x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+            keep = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
+            a = x * c - GC.approx_log2_w(GC.philox_tile(seed, ctr, base // 4, G))
+            # a kept id's bound is at least -KEPT_FLOOR (raising a bound keeps it one), so
+            # a lane max of -inf means the lane keeps nothing; NaN propagates
+            a = tl.maximum(a, -KEPT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+            b1 = tl.maximum(b1, tl.where(keep, a, float("-inf")),
+                            propagate_nan=tl.PropagateNan.ALL)
+        b1 = tl.reshape(b1, [BLOCK])
+        lanes = tl.reshape(lanes, [BLOCK])
+        top_packed = tl.max(pack(b1, lanes), 0)
+        bmax = unpack_value(top_packed)
+        if bmax == float("-inf"):
+            good = tl.full([], 1, tl.int32)         # no kept id: PACKED_EMPTY
+        elif (bmax > -GC.FAR) & (bmax < GC.FAR):
+            top = unpack_index(top_packed)
+            packed = _restricted_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, P,
+                                             IDB, BLOCK, 32)
+            A = unpack_value(packed)
+            cand = (GC._bound(b1, 1.0) >= A) & (lanes != top)
+            n = tl.sum(cand.to(tl.int32), 0)
+            if (n <= MAXC) & (A > -GC.FAR) & (A < GC.FAR):
+                good = tl.full([], 1, tl.int32)
+                cl = tl.where(cand, lanes, 0x7FFFFFFF)
+                for _ in range(0, n):
+                    lane = tl.min(cl, 0)
+                    cl = tl.where(cl == lane, 0x7FFFFFFF, cl)
+                    packed = tl.maximum(packed, _restricted_lane_packed(
+                        row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, P, IDB, BLOCK, 32))
+    if good == 0:
+        packed = restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
+                                         BLOCK)
+    return packed
+
+
+@triton.jit
+def small_k(k, V, CAPK: tl.constexpr):
+    """top_k is on and at most CAPK: the row's kept set lies within its CAPK largest pk."""
+    return (k > 0) & (k < V) & (k <= CAPK)
+
+
+@triton.jit
+def _step_load(row_ptr, base, hi, SUBN: tl.constexpr):
+    ids = base + tl.arange(0, SUBN)
+    return tl.load(row_ptr + ids, mask=ids < hi, other=0.0)
+
+
+@triton.jit
+def _step_pk(x, base, hi, T, IDB, SUBN: tl.constexpr):
+    """pk of ids base .. base + SUBN - 1 with logits x (PACKED_EMPTY from hi on)."""
+    ids = base + tl.arange(0, SUBN)
+    pk = packed_key(tl.math.div_rn(x.to(tl.float32), T), ids, IDB)
+    return tl.where(ids < hi, pk, PACKED_EMPTY)
+
+
+@triton.jit
+def _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN: tl.constexpr, NCN: tl.constexpr):
+    """Store the pk >= t of ids [lo, hi) into buf[0:NCN] (the first NCN of them, in id
+    order); return how many there are. The next step's loads go out before this
+    step's arithmetic."""
+    n = tl.zeros([], tl.int32)
+    xn = _step_load(row_ptr, lo, hi, SUBN)
+    for base in range(lo, hi, SUBN):
+        x = xn
+        xn = _step_load(row_ptr, base + SUBN, hi, SUBN)
+        pk = _step_pk(x, base, hi, T, IDB, SUBN)
+        keep = (pk >= t) & (pk != PACKED_EMPTY)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(buf_ptr + at, pk, mask=keep & (at < NCN))
+        n += tl.sum(keep.to(tl.int32), 0)
+    return n
+
+
+@triton.jit
+def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
+                     SUBN: tl.constexpr, NCN: tl.constexpr):
+    """The CAPK largest pk of ids [lo, hi), descending (PACKED_EMPTY where the chunk has
+    fewer). One pass keeps each lane's max (lane: position in a SUBN-id step); the
+    CAPK-th largest lane max t has CAPK ids at or above it, so the chunk's CAPK largest
+    are among the ids with pk >= t: a second pass (L1/L2-resident) stores those into
+    buf[0:NCN] (scratch resting at PACKED_EMPTY, left at rest), and a sort of them
+    picks the CAPK largest. Where more than NCN ids reach t (many of the largest in
+    few lanes), bisection over counts finds the CAPK-th largest pk exactly first."""
+    lm = tl.full([SUBN], PACKED_EMPTY, tl.int64)
+    xn = _step_load(row_ptr, lo, hi, SUBN)
+    for base in range(lo, hi, SUBN):
+        x = xn
+        xn = _step_load(row_ptr, base + SUBN, hi, SUBN)    # in flight during this step
+        lm = tl.maximum(lm, _step_pk(x, base, hi, T, IDB, SUBN))
+    t = tl.min(tl.topk(lm, CAPK), 0)
+    n = _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN, NCN)
+    used = tl.minimum(n, NCN)
+    if n > NCN:
+        lo_t = t
+        hi_t = tl.max(lm, 0) + 1
+        while hi_t - lo_t > 1:
+            mid = lo_t + (hi_t - lo_t) // 2
+            if _above(row_ptr, lo, hi, T, 0.0, mid, IDB, False, SUBN) >= CAPK:
+                lo_t = mid
+            else:
+                hi_t = mid
+        n = _compact(row_ptr, lo, hi, T, IDB, lo_t, buf_ptr, SUBN, NCN)   # exactly CAPK
+    tl.debug_barrier()                 # every thread's stores before the read-back
+    j = tl.arange(0, NCN)
+    c = tl.atomic_xchg(buf_ptr + j, tl.full([NCN], PACKED_EMPTY, tl.int64), mask=j < used,
+                       sem="relaxed")
+    return tl.topk(tl.where(j < n, c, PACKED_EMPTY), CAPK)
+
+
+@triton.jit
+def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB,
+                      HAS_P: tl.constexpr, HAS_M: tl.constexpr, CAPK: tl.constexpr,
+                      GROUP: tl.constexpr):
+    """The sampled token of a row whose top_k (k) is at most CAPK, as a packed exact
+    score: the row's CAPK largest pk are the largest of its chunks' lists
+    (cand[0:n_chunks*CAPK], read and put back to rest; merged GROUP - 1 lists at a time
+    into the running CAPK); min_p, top_k and top_p are then applied to that sorted list
+    as `row_threshold` applies them to the row (the same masses and comparisons, so the
+    same kept set), and only the kept ids are scored."""
+    gj = tl.arange(0, GROUP)[:, None]
+    cj = (gj - 1) * CAPK + tl.arange(0, CAPK)[None, :]
+    c = tl.full([CAPK], PACKED_EMPTY, tl.int64)
+    for g0 in range(0, n_chunks, GROUP - 1):
+        live = (gj > 0) & (g0 * CAPK + cj < n_chunks * CAPK)
+        got = tl.atomic_xchg(cand_ptr + g0 * CAPK + cj,
+                             tl.full([GROUP, CAPK], PACKED_EMPTY, tl.int64), mask=live,
+                             sem="relaxed")
+        got = tl.where(live, got, tl.where(gj == 0, c[None, :], PACKED_EMPTY))
+        c = tl.topk(tl.reshape(got, [GROUP * CAPK]), CAPK)
+    i = tl.arange(0, CAPK)
+    valid = c != PACKED_EMPTY
+    zkey = tl.max(c, 0) >> IDB
+    zmax = unpack_value(zkey << 32)
+    z = unpack_value((c >> IDB) << 32)
+    n = k
+    if HAS_M:
+        if mp > 0.0:
+            d = tl.where(z == zmax, 0.0, z - zmax)
+            keep = valid & ((d >= tl.log(mp)) | (z == zmax))
+            n = tl.minimum(n, tl.sum(keep.to(tl.int64), 0))
+    if HAS_P:
+        if p <= 0.0:
+            n = tl.full([], 1, tl.int64)
+        elif p < 1.0:
+            w = tl.where(i < n, _mass(z, zmax), 0)
+            target = p.to(tl.float64) * tl.sum(w, 0).to(tl.float64)
+            excl = tl.cumsum(w, 0) - w
+            n = tl.maximum(tl.sum(((excl.to(tl.float64) < target) & (i < n)).to(tl.int64),
+                                  0), 1)
+    if zkey == 0x7FFFFFFF:             # a NaN row: its first NaN id
+        n = tl.full([], 1, tl.int64)
+    ids = ((1 << IDB) - 1 - (c & ((1 << IDB) - 1))).to(tl.int32)
+    kept = (i < n) & valid
+    x = tl.load(row_ptr + ids, mask=kept, other=0.0).to(tl.float32)
+    r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
+    q = ids % 4
+    r = tl.where(q == 0, r0, tl.where(q == 1, r1, tl.where(q == 2, r2, r3)))
+    s = GC.exact_scores(x, T, r)
+    return tl.max(tl.where(kept, pack(s, ids), PACKED_EMPTY), 0)
+
+
 def id_bits(V: int) -> int:
     return max(1, (V - 1).bit_length())
 
@@ -263,12 +475,3 @@ def control_args(controls, like) -> tuple:
     strides = [t.stride(0) if t is not None else 0 for t in controls]
     flags = {f"HAS_{c}": t is not None for c, t in zip("KPM", controls, strict=True)}
     return ts, strides, flags
-
-
-def launch_select(logits, thr, temperature, controls, B: int, K: int, V: int,
-                  stride_b: int, stride_j: int) -> None:
-    """One program per row: thr[r] = P of row r, or PACKED_EMPTY (no restriction)."""
-    ts, strides, flags = control_args(controls, temperature)
-    _select_kernel[(B * (K + 1),)](
-        logits, thr, temperature, *ts, V, K, stride_b, stride_j, temperature.stride(0),
-        *strides, id_bits(V), **flags, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)

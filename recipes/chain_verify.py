@@ -245,54 +245,128 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
 
 @triton.jit
 def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr,
-                            select_ptr, acc_ptr, cnt_ptr, thr_ptr, temp_ptr, seed_ptr,
-                            pos_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
-                            stride_t, stride_s, stride_p, n_split, tiles_per, IDB,
-                            seq_ptr, stride_seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr,
-                            sg_seq_ptr,
+                            select_ptr, acc_ptr, cnt_ptr, thr_ptr, cand_ptr, comp_ptr,
+                            rcnt_ptr, temp_ptr, seed_ptr, pos_ptr, topk_ptr, topp_ptr,
+                            minp_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
+                            stride_t, stride_s, stride_p, stride_k, stride_tp, stride_mp,
+                            n_split, tiles_per, IDB, seq_ptr, stride_seq, sg_draft_ptr,
+                            sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
                             BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
                             VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
+                            HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
+                            CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
+                            GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr,
                             SGLANG: tl.constexpr):
-    """`_verify_kernel` with the sampling controls: a row whose threshold thr[row]
-    (`_controls_core.launch_select`) is set samples over the ids with pk >= thr only
-    (exact scores); every other row is scanned exactly as without controls. The
-    finishing program puts the request's thresholds back to rest. SGLANG: the finish
-    writes SGLang's layout as `_verify_kernel`'s does."""
+    """`_verify_kernel` with the sampling controls, one launch: R * n_split threshold
+    programs, then R * n_split scan programs (the same chunks). Each row's request
+    falls in one of three paths:
+
+    * candidate (sampled, top_k on and at most CAPK): each scan program puts its
+      chunk's CAPK largest pk (`_controls_core.chunk_top_packed`) in cand; the row's
+      last program (row counter rcnt) applies the controls to the row's CAPK largest
+      and samples among the kept ids (`candidates_packed`);
+    * threshold (sampled, another control on): the row's threshold programs find its
+      pk range (`pk_range`, folded in scratch), the last of them (row counter rcnt)
+      finds P (`threshold_in`) and publishes it in thr[row]; the row's scan programs
+      wait for it (they come later in launch order, so those they wait on are running
+      or done: the interpreter runs programs in order) and sample over pk >= P (exact
+      scores);
+    * plain (greedy, or every control off): scanned exactly as without controls.
+
+    The finishing program of a request puts its thresholds back to rest. SGLANG: the
+    finish writes SGLang's layout as `_verify_kernel`'s does."""
     pid = tl.program_id(0)
-    per_req = (K + 1) * n_split
-    b = pid // per_req
-    rem = pid - b * per_req
-    j = rem // n_split
-    lo = (rem - j * n_split) * tiles_per * BLOCK_V
-    hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
-    row_ptr = logits_ptr + b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_j
-    jd = tl.arange(0, KP1)
-    d = tl.load(draft_ptr + b.to(tl.int64) * stride_db + jd * stride_dk, mask=jd < K,
-                other=-1).to(tl.int64)
-    row = b.to(tl.int64) * (K + 1) + j
-    seq = 0
-    if SGLANG:
-        seq = tl.load(seq_ptr + b.to(tl.int64) * stride_seq)
-    T = tl.load(temp_ptr + b.to(tl.int64) * stride_t).to(tl.float32)
-    if T > 0:
-        seed = tl.load(seed_ptr + b.to(tl.int64) * stride_s).to(tl.int64)
-        pos = tl.load(pos_ptr + b.to(tl.int64) * stride_p).to(tl.int64)
-        ctr = (pos + j).to(tl.uint32)
-        P = tl.load(thr_ptr + row)
-        if P != PACKED_EMPTY:
-            packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
-                                                P, IDB, BLOCK_V)
-        else:
-            packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
-                                          BLOCK_V, EXACT, MAXC, UNROLL == 2)
+    R = tl.num_programs(0) // (2 * n_split)
+    if pid < R * n_split:
+        r = pid // n_split
+        b64 = (r // (K + 1)).to(tl.int64)
+        T = tl.load(temp_ptr + b64 * stride_t).to(tl.float32)
+        k, p, mp, on = CC.load_controls(topk_ptr, topp_ptr, minp_ptr, b64, stride_k,
+                                        stride_tp, stride_mp, V, True, HAS_K, HAS_P, HAS_M)
+        if (T > 0) & on & ~CC.small_k(k, V, CAPK):
+            chunk = pid - r * n_split
+            j = r - b64 * (K + 1)
+            row_ptr = logits_ptr + b64 * stride_b + j * stride_j
+            lo = chunk * tiles_per * BLOCK_V
+            pmax, pmin = CC.pk_range(row_ptr, lo, tl.minimum(lo + tiles_per * BLOCK_V, V), T,
+                                     IDB, SEL_BLOCK)
+            tl.atomic_max(acc_ptr + 2 * R + r, pmax, sem="relaxed")
+            tl.atomic_max(acc_ptr + 3 * R + r, ~pmin, sem="relaxed")
+            if tl.atomic_add(rcnt_ptr + r, 1, sem="acq_rel") == n_split - 1:
+                pmax = tl.atomic_xchg(acc_ptr + 2 * R + r, PACKED_EMPTY, sem="relaxed")
+                pmin = ~tl.atomic_xchg(acc_ptr + 3 * R + r, PACKED_EMPTY, sem="relaxed")
+                tl.store(rcnt_ptr + r, 0)
+                P = CC.threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, SEL_BLOCK)
+                tl.atomic_xchg(thr_ptr + r, P, sem="release")
     else:
-        packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
-    arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
-    if arrived == per_req - 1:
-        _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr, select_ptr,
-                         b, K, KP1, seq, sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
-                         SGLANG)
-        tl.store(thr_ptr + b.to(tl.int64) * (K + 1) + jd, PACKED_EMPTY, mask=jd <= K)
+        pid = pid - R * n_split
+        per_req = (K + 1) * n_split
+        b = pid // per_req
+        rem = pid - b * per_req
+        j = rem // n_split
+        chunk = rem - j * n_split
+        lo = chunk * tiles_per * BLOCK_V
+        hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+        b64 = b.to(tl.int64)
+        row_ptr = logits_ptr + b64 * stride_b + j.to(tl.int64) * stride_j
+        jd = tl.arange(0, KP1)
+        d = tl.load(draft_ptr + b64 * stride_db + jd * stride_dk, mask=jd < K,
+                    other=-1).to(tl.int64)
+        row = b64 * (K + 1) + j
+        seq = 0
+        if SGLANG:
+            seq = tl.load(seq_ptr + b64 * stride_seq)
+        T = tl.load(temp_ptr + b64 * stride_t).to(tl.float32)
+        k, p, mp, on = CC.load_controls(topk_ptr, topp_ptr, minp_ptr, b64, stride_k,
+                                        stride_tp, stride_mp, V, True, HAS_K, HAS_P, HAS_M)
+        small = (T > 0) & CC.small_k(k, V, CAPK)
+        if small:
+            slot = row * n_split + chunk
+            top = CC.chunk_top_packed(row_ptr, lo, hi, T, IDB, comp_ptr + slot * NCN, CAPK,
+                                      SUBN, NCN)
+            tl.store(cand_ptr + slot * CAPK + tl.arange(0, CAPK), top)
+            tl.debug_barrier()             # every thread's stores before the release
+            if tl.atomic_add(rcnt_ptr + row, 1, sem="acq_rel") == n_split - 1:
+                seed = tl.load(seed_ptr + b64 * stride_s).to(tl.int64)
+                pos = tl.load(pos_ptr + b64 * stride_p).to(tl.int64)
+                packed = CC.candidates_packed(cand_ptr + row * n_split * CAPK, n_split,
+                                              row_ptr, T, seed, (pos + j).to(tl.uint32), k,
+                                              p, mp, IDB, HAS_P, HAS_M, CAPK, GROUP)
+                tl.store(rcnt_ptr + row, 0)
+                if publish_packed(packed, acc_ptr + row, cnt_ptr + b) == K:
+                    _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr,
+                                     select_ptr, b, K, KP1, seq, sg_draft_ptr, sg_index_ptr,
+                                     sg_lens_ptr, sg_seq_ptr, SGLANG)
+        else:
+            if T > 0:
+                seed = tl.load(seed_ptr + b64 * stride_s).to(tl.int64)
+                pos = tl.load(pos_ptr + b64 * stride_p).to(tl.int64)
+                ctr = (pos + j).to(tl.uint32)
+                if on:
+                    # wait for the row's threshold program (never PACKED_EMPTY once set)
+                    P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
+                    while P == PACKED_EMPTY:
+                        P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
+                    if EXACT:
+                        packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T,
+                                                            seed, ctr, P, IDB, BLOCK_V)
+                    else:
+                        # in half tiles: the pk and the bound need more registers an
+                        # id than the plain scan, whose occupancy they would set
+                        packed = CC.restricted_filtered_packed(row_ptr, lo, hi, 2 * tiles_per,
+                                                               T, seed, ctr, P, IDB,
+                                                               BLOCK_V // 2, MAXC)
+                else:
+                    packed = sampled_chunk_packed(row_ptr, lo, hi, tiles_per, T, seed, ctr,
+                                                  BLOCK_V, EXACT, MAXC, UNROLL == 2)
+            else:
+                packed = chunk_argmax_packed(row_ptr, lo, hi, tiles_per, BLOCK_V, UNROLL, VEC)
+            arrived = publish_packed(packed, acc_ptr + row, cnt_ptr + b)
+            if arrived == per_req - 1:
+                _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr,
+                                 select_ptr, b, K, KP1, seq, sg_draft_ptr, sg_index_ptr,
+                                 sg_lens_ptr, sg_seq_ptr, SGLANG)
+                tl.store(thr_ptr + b64 * (K + 1) + jd, PACKED_EMPTY, mask=jd <= K)
 
 
 # --- search space and heuristic ----------------------------------------------------------
@@ -310,15 +384,15 @@ def constraint(config: dict, key: dict) -> bool:
     explicit config need only be in SPACE."""
     if not split_constraint(config, key["V"]) or config.get("EXACT", 0) != 0:
         return False
-    if key.get("mode", "greedy") != "sampled":
+    if key.get("mode", "greedy") == "greedy":
         return True
-    # sampled: at most 32 ids per thread (registers)
+    # sampled (with or without controls): at most 32 ids per thread (registers)
     return config["BLOCK_V"] <= 32 * 32 * config["num_warps"]
 
 
 def heuristic(key: dict, device: torch.device) -> dict:
     rows = key["B"] * (key["K"] + 1)
-    if key.get("mode", "greedy") != "sampled":
+    if key.get("mode", "greedy") == "greedy":
         return {**split_heuristic(key["dtype"], key["V"], rows, C.sm_count(device)),
                 "EXACT": 0}
     return sampled_heuristic(key["V"], rows, C.sm_count(device))
@@ -350,9 +424,13 @@ def sampled_heuristic(V: int, rows: int, sms: int) -> dict:
             "UNROLL": unroll, "EXACT": 0}
 
 
-def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False) -> dict:
-    return {"dtype": C._dtype_name(dtype), "mode": "sampled" if sampled else "greedy",
-            "V": int(V), "B": int(B), "K": int(K)}
+def tune_key(dtype: torch.dtype, V: int, B: int, K: int, sampled: bool = False,
+             controls: bool = False) -> dict:
+    """The dispatch key. Mode "controls": sampled with the sampling controls passed
+    (`launch_controls`, a kernel of its own cost; its heuristic is the sampled one)."""
+    mode = ("controls" if controls else "sampled") if sampled else "greedy"
+    return {"dtype": C._dtype_name(dtype), "mode": mode, "V": int(V), "B": int(B),
+            "K": int(K)}
 
 
 # --- launcher --------------------------------------------------------------------------
@@ -544,24 +622,31 @@ def validate_controls(top_k, top_p, min_p, sampling, B: int, device, names=CONTR
 
 def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
                     controls, sglang: tuple | None = None) -> None:
-    """Two launches: the per-row thresholds (`_controls_core.launch_select`, kept in the
-    split-reduction scratch after the row slots, resting at PACKED_EMPTY), then the verify
-    scan restricted to them. `sglang`: SGLang's layout of the answer, as in
-    `launch_verify`."""
+    """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
+    workspace, all resting at PACKED_EMPTY / 0: after the R row slots, R thresholds,
+    R row maxima and R row minima (complemented), then with top_k CAP candidates and NC
+    compaction slots a scan program; after the B request counters, R row counters.
+    `sglang`: SGLang's layout of the answer, as in `launch_verify`."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     R = B * (K + 1)
-    acc, cnt = C.WORKSPACE.get(logits.device, 2 * R, B)
+    has_k = controls[0] is not None
+    per = (CC.CAP + CC.NC) * R * split if has_k else 0
+    acc, cnt = C.WORKSPACE.get(logits.device, 4 * R + per, B + R)
     thr = acc[R:2 * R]
+    cand = acc[4 * R:4 * R + CC.CAP * R * split]
+    comp = acc[4 * R + CC.CAP * R * split:]
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
-    CC.launch_select(logits, thr, temp, controls, B, K, V, stride_b, stride_j)
-    _controls_verify_kernel[(R * split,)](
+    ts, strides, flags = CC.control_args(controls, temp)
+    _controls_verify_kernel[(2 * R * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
-        acc, cnt, thr, temp, seeds, pos, V, K, stride_b, stride_j, draft_tokens.stride(0),
-        draft_tokens.stride(1), st, ss, sp, split, tiles_per, CC.id_bits(V),
-        *sglang_args(sglang, logits),
+        acc, cnt, thr, cand, comp, cnt[B:], temp, seeds, pos, *ts, V, K, stride_b, stride_j,
+        draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
+        tiles_per, CC.id_bits(V), *sglang_args(sglang, logits),
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
-        EXACT=cfg.get("EXACT", 0), MAXC=MAXC, SGLANG=sglang is not None,
+        EXACT=cfg.get("EXACT", 0), MAXC=MAXC, **flags, CAPK=CC.CAP,
+        SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, GROUP=CC.GROUP,
+        SEL_BLOCK=256 * cfg["num_warps"], SGLANG=sglang is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -574,7 +659,8 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
     With `temperature` (float [B]), requests with temperature > 0 sample their target
     tokens (Gumbel-max on the Philox stream of `seeds`/`positions`, both integer [B]);
     the others stay greedy, in the same launch. `top_k`/`top_p`/`min_p` ([B], only with
-    temperature): the sampling controls (`_controls_core`; two launches)."""
+    temperature): the sampling controls (`_controls_core`; one launch, see
+    `launch_controls`)."""
     given = out is not None
     B, K, V, stride_b, stride_j, out = validate(logits, draft_tokens, out)
     sampling = validate_sampling(temperature, seeds, positions, B, logits.device)
@@ -587,8 +673,8 @@ def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
                                 if t is not None])
     if B == 0:
         return out
-    cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None),
-                         logits.device)
+    cfg = resolve_config(config, tune_key(logits.dtype, V, B, K, sampling is not None,
+                                          controls is not None), logits.device)
     if controls is not None:
         launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
                         sampling, controls)

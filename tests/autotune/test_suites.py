@@ -12,6 +12,7 @@ import torch
 from autotune.registry import benches, get, tunables
 from recipes.compat import sglang as S
 from tests.helpers import assert_equal
+from tests.recipes.test_chain_verify_controls import check
 from tests.recipes.test_compat_sglang import assert_outputs, sglang_target_verify
 from tests.recipes.test_compat_sglang_composed import composed_extend
 
@@ -229,3 +230,19 @@ def test_bench_suite_and_target(device, tmp_path):
                        {"suite": suite.name, "cases": cases})
     row = next(r for r in targets.compute(tmp_path) if r["id"] == "dropin.sglang_sampled")
     assert row["met"] is True and row["measured"] == 1.09, row
+
+
+def test_chain_verify_controls_suite_cases_run(device):
+    """The bench's chain_verify_controls suite: its smoke cases make inputs that both
+    variants run on (the cheap ones here: min_p and every control off)."""
+    from autotune.suites.chain_verify import SUITES
+
+    suite = next(s for s in SUITES if s.name == "chain_verify_controls")
+    cases = suite.cases("smoke")
+    assert {c.label["controls"] for c in cases} == {"topk_topp", "topp", "minp", "off"}
+    for c in cases:
+        if c.label["controls"] in ("minp", "off"):
+            s = c.make(device, 0)
+            got = c.variants["ours"].fn(s)
+            check(s["x"], s["d"], {**s["kw"], **s["c"]}, got)
+            c.variants["ours (temperature only)"].fn(s)

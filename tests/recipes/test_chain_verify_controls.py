@@ -298,19 +298,3 @@ def test_samples_follow_the_filtered_softmax(device, c):
         assert chi2(torch.bincount(got, minlength=10).double(), p) < bound
     else:
         assert torch.equal(got, t[:N])
-
-
-def test_bench_suite_cases_run(device):
-    """The bench's chain_verify_controls suite: its smoke cases make inputs that both
-    variants run on (the cheap ones here: min_p and every control off)."""
-    from autotune.suites.chain_verify import SUITES
-
-    suite = next(s for s in SUITES if s.name == "chain_verify_controls")
-    cases = suite.cases("smoke")
-    assert {c.label["controls"] for c in cases} == {"topk_topp", "topp", "minp", "off"}
-    for c in cases:
-        if c.label["controls"] in ("minp", "off"):
-            s = c.make(device, 0)
-            got = c.variants["ours"].fn(s)
-            check(s["x"], s["d"], {**s["kw"], **s["c"]}, got)
-            c.variants["ours (temperature only)"].fn(s)
