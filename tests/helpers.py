@@ -26,6 +26,9 @@ class CountingKernel:
         self.launches += 1
         return self.kernel[grid]
 
+    def __getattr__(self, name):      # warmup, fn, ...: the kernel's own (not launches)
+        return getattr(self.kernel, name)
+
 
 def bad(case_id, call, exc, match):
     """A row of a bad-input table: `call(device)` raises `exc` whose message matches the

@@ -78,8 +78,8 @@ def test_one_flag_name_per_concept():
 
 
 def test_tune_list_names_the_keys_and_measures_nothing(tmp_path, fake, capsys):
-    rc = cli.main(["tune", "--list", "--package", FAKE, "--recipe",
-                   "fake_scale", "--results", str(tmp_path), "--key", "N=64,256"])
+    rc = cli.main(["tune", "--list", "--package", FAKE, "--recipe", "fake_scale",
+                   "--preset", "smoke", "--results", str(tmp_path), "--key", "N=64,256"])
     assert rc == 0
     assert capsys.readouterr().out.splitlines() == [
         "fake_scale: 2 keys (preset smoke)", "  N=64,dtype=float32: grid 6 configs",
@@ -121,7 +121,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 def test_the_tune_and_show_print_one_coverage(tmp_path, fake, capsys):
     """--trials 3 of a grid of 18: the plan covers all it is allowed (the fraction the
     budget planned is 100%), 17% of the grid is measured; both commands say 17%."""
-    rc = cli.main(["tune", "--package", FAKE, "--recipe", "fake_scale",
+    rc = cli.main(["tune", "--package", FAKE, "--recipe", "fake_scale", "--preset", "smoke",
                    "--results", str(tmp_path), "--no-progress", "--trials", "3",
                    "--budget-s", "0"])
     err = capsys.readouterr().err

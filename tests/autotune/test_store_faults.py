@@ -27,8 +27,8 @@ from tests.autotune.autotune_util import (  # noqa: F401
 )
 
 SLUG = "cpu-interpreter" if not torch.cuda.is_available() else dispatch.gpu_slug()
-CLI = ["tune", "--package", FAKE, "--recipe", "fake_scale", "--no-progress",
-       "--budget-s", "0"]
+CLI = ["tune", "--package", FAKE, "--recipe", "fake_scale", "--preset", "smoke",
+       "--no-progress", "--budget-s", "0"]
 
 
 _opts = tune_options
@@ -77,7 +77,7 @@ def test_a_tune_killed_mid_append_loses_only_its_last_batch(tmp_path, fake, caps
     first = _config_ids(tmp_path)
     assert len(first) == 4 and journal.read_bytes().endswith(b"\n")
 
-    env = subprocess_env(SPEC_TUNE_DEVICE="cpu")
+    env = subprocess_env()   # the device the in-process tune used
     r = subprocess.run([PY, "-c", KILLED_MID_APPEND, *CLI, "--trials", "8", "--results",
                         str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)

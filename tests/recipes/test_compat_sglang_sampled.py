@@ -219,7 +219,7 @@ def test_out_buffers_and_batch_sizes(device):
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and allocation counts need a GPU")
 def test_graph_capture_allocates_nothing_with_out(device):
-    from helpers import capture
+    from tests.helpers import capture
 
     B, N, V = 4, 4, 151936
     x, cand, ridx, rnext, seq, T, seeds = batch(B, N, V, device, seed=8)

@@ -218,7 +218,7 @@ def test_launches(device, monkeypatch):
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and allocation counts need a GPU")
 def test_graph_capture_allocates_nothing_with_out(device):
-    from helpers import capture
+    from tests.helpers import capture
 
     K = 3
     batch = mrv2_batch([3, 1, 0, 2] * 4, 151936, torch.bfloat16, device, seed=3)

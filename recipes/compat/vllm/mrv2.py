@@ -132,7 +132,6 @@ def _validate(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, id
     if seed.shape != temperature.shape:
         raise ValueError(f"seed: expected shape {tuple(temperature.shape)} like temperature "
                          f"(one per request state), got {tuple(seed.shape)}")
-    C.check_runnable("target_logits", x)
     C.check_logits_rows("target_logits", x)
     K = C.check_int("num_speculative_steps", num_speculative_steps, 0, C.MAX_BLOCK - 1,
                     why="a request's K + 1 tokens are one Triton block")
@@ -185,6 +184,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_logits: torch.Tensor | N
     doc): (sampled int64 [R, K + 1], num_sampled int32 [R])."""
     R, N, V, K, controls = _validate(**{n: v for n, v in locals().items()
                                         if n in _VALIDATED})
+    C.check_runnable("target_logits", target_logits)   # the kernel's; not the reference's
     dev = target_logits.device
     given = out is not None
     sampled, num = _outputs(out, R, K, dev)

@@ -115,7 +115,6 @@ def _validate(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_toke
                    device=dev)
     C.check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, dtypes=C.INDEX_DTYPES,
                    ndim=1, device=dev)
-    C.check_runnable("target_logits", x)
     C.check_logits_rows("target_logits", x)
     N, V = x.shape
     if draft_token_ids.shape[0] != N:
@@ -198,6 +197,7 @@ def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[i
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
         synthetic_conditional_rates, fly_window_size, seeds, positions, apply_temperature)
     W, dev = int(max_spec_len) + 1, target_logits.device          # (checked: an integer)
+    C.check_runnable("target_logits", target_logits)   # the kernel's; not the reference's
     if out is None:
         out = torch.empty((B, W), dtype=torch.int32, device=dev)
     else:
