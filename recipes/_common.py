@@ -399,10 +399,12 @@ class _Workspace:
     an output). Launches that share it must not run concurrently on different streams.
     """
 
-    def __init__(self, what: str = "the split-reduction scratch") -> None:
+    def __init__(self, what: str = "the split-reduction scratch",
+                 acc_rest: int = INT64_MIN) -> None:
         self._bufs: dict = {}     # (type, index) -> (acc, cnt, acc slots, cnt slots)
         self._outgrown: list = []  # earlier buffers, which captured graphs may still use
         self._what = what
+        self._rest = acc_rest     # the value `acc` rests at
 
     def get(self, device: torch.device, rows: int, groups: int):
         key = (device.type, device.index)
@@ -421,7 +423,7 @@ class _Workspace:
         grow_cnt = cnt is None or cnt.numel() < groups
         if grow_acc:
             acc = _apart(device, lambda: torch.full(
-                (max(1024, next_pow2(rows)),), INT64_MIN, dtype=torch.int64, device=device))
+                (max(1024, next_pow2(rows)),), self._rest, dtype=torch.int64, device=device))
         if grow_cnt:
             cnt = _apart(device, lambda: torch.zeros(
                 (max(1024, next_pow2(groups)),), dtype=torch.int32, device=device))
@@ -464,6 +466,8 @@ WORKSPACE = _Workspace()
 # recipes.tp's packed keys between a rank's scan, the all-reduce and the finish (`acc`
 # only): rows with no resting value, since every call writes the rows it then reads.
 KEYS = _Workspace("the vocabulary-parallel key buffer")
+# chain_verify's threshold search (`_threshold_core`): row state words resting at 0
+SEARCH = _Workspace("the controls' threshold search state", acc_rest=0)
 
 
 def pick_config(tuning, key: dict, device: torch.device) -> dict:

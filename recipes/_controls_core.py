@@ -121,7 +121,8 @@ def packed_key(z, ids, IDB):
 
 
 @triton.jit
-def _mass(z, zmax):
+def mass(z, zmax):
+    """Fixed-point mass w * 2^40 of sampled logits z (row max zmax)."""
     d = tl.where(z == zmax, 0.0, z - zmax)
     return (tl.exp(d) * MASS_ONE).to(tl.int64)
 
@@ -136,7 +137,7 @@ def _above(row_ptr, lo, hi, T, zmax, P, IDB, MASS: tl.constexpr, BLOCK: tl.const
         z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
         keep = live & (packed_key(z, ids, IDB) >= P)
         if MASS:
-            acc += tl.where(keep, _mass(z, zmax), 0)
+            acc += tl.where(keep, mass(z, zmax), 0)
         else:
             acc += keep.to(tl.int64)
     return tl.sum(acc, 0)
@@ -188,30 +189,40 @@ def row_threshold(row_ptr, V, T, k, p, mp, IDB, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def min_p_cut(pmax, pmin, mp, IDB):
+    """The smallest pk the min_p cut keeps (pmin where min_p is off), no pass: a binary
+    search over z keys for the smallest with z - z_max >= log(min_p) (or tied with
+    z_max)."""
+    P = pmin
+    zkey = pmax >> IDB
+    zmax = unpack_value(zkey << 32)
+    if (mp > 0.0) & (zkey != 0x7FFFFFFF):
+        lmp = tl.log(mp)
+        klo = tl.full([], -0x7F800000, tl.int64)
+        khi = zkey
+        while khi - klo > 0:
+            mid = klo + (khi - klo) // 2
+            zm = unpack_value(mid << 32)
+            d = tl.where(zm == zmax, 0.0, zm - zmax)
+            if (d >= lmp) | (zm == zmax):
+                khi = mid
+            else:
+                klo = mid + 1
+        P = tl.maximum(P, khi << IDB)
+    return P
+
+
+@triton.jit
 def threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK: tl.constexpr):
     """P of a sampled row with controls (k, p, mp) whose pk lie in [pmin, pmax]: a
     binary search over z keys for the min_p cut (no pass), then bisections over packed
     keys with masked counts (top_k) and masses (top_p), a pass over the row each."""
-    P = pmin                                   # keep everything
     zkey = pmax >> IDB
     zmax = unpack_value(zkey << 32)
+    P = min_p_cut(pmax, pmin, mp, IDB)
     if zkey == 0x7FFFFFFF:                     # a NaN row: its first NaN id
         P = pmax
     else:
-        if mp > 0.0:
-            # smallest z key with z - z_max >= log(min_p) (or tied with z_max)
-            lmp = tl.log(mp)
-            klo = tl.full([], -0x7F800000, tl.int64)
-            khi = zkey
-            while khi - klo > 0:
-                mid = klo + (khi - klo) // 2
-                zm = unpack_value(mid << 32)
-                d = tl.where(zm == zmax, 0.0, zm - zmax)
-                if (d >= lmp) | (zm == zmax):
-                    khi = mid
-                else:
-                    klo = mid + 1
-            P = tl.maximum(P, khi << IDB)
         if (k > 0) & (k < V):
             # the largest threshold keeping at least k ids: the k-th id's key
             lo_t = P
@@ -446,7 +457,7 @@ def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB,
         if p <= 0.0:
             n = tl.full([], 1, tl.int64)
         elif p < 1.0:
-            w = tl.where(i < n, _mass(z, zmax), 0)
+            w = tl.where(i < n, mass(z, zmax), 0)
             target = p.to(tl.float64) * tl.sum(w, 0).to(tl.float64)
             excl = tl.cumsum(w, 0) - w
             n = tl.maximum(tl.sum(((excl.to(tl.float64) < target) & (i < n)).to(tl.int64),

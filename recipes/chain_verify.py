@@ -60,6 +60,7 @@ import triton.language as tl
 from . import _common as C
 from . import _controls_core as CC
 from . import _gumbel_core as GC
+from . import _threshold_core as TC
 from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
@@ -246,7 +247,7 @@ def _verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr, sel
 @triton.jit
 def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus_ptr,
                             select_ptr, acc_ptr, cnt_ptr, thr_ptr, cand_ptr, comp_ptr,
-                            rcnt_ptr, temp_ptr, seed_ptr, pos_ptr, topk_ptr, topp_ptr,
+                            rcnt_ptr, st_ptr, temp_ptr, seed_ptr, pos_ptr, topk_ptr, topp_ptr,
                             minp_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
                             stride_t, stride_s, stride_p, stride_k, stride_tp, stride_mp,
                             n_split, tiles_per, IDB, seq_ptr, stride_seq, sg_draft_ptr,
@@ -256,28 +257,32 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
                             CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
                             GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr,
+                            PHASES: tl.constexpr, LB: tl.constexpr,
                             SGLANG: tl.constexpr):
-    """`_verify_kernel` with the sampling controls, one launch: R * n_split threshold
-    programs, then R * n_split scan programs (the same chunks). Each row's request
-    falls in one of three paths:
+    """`_verify_kernel` with the sampling controls, one launch: (1 + PHASES) * R *
+    n_split threshold programs, then R * n_split scan programs (the same chunks). Each
+    row's request falls in one of three paths:
 
     * candidate (sampled, top_k on and at most CAPK): each scan program puts its
       chunk's CAPK largest pk (`_controls_core.chunk_top_packed`) in cand; the row's
       last program (row counter rcnt) applies the controls to the row's CAPK largest
       and samples among the kept ids (`candidates_packed`);
-    * threshold (sampled, another control on): the row's threshold programs find its
+    * threshold (sampled, another control on): the row's phase-0 programs find its
       pk range (`pk_range`, folded in scratch), the last of them (row counter rcnt)
-      finds P (`threshold_in`) and publishes it in thr[row]; the row's scan programs
-      wait for it (they come later in launch order, so those they wait on are running
-      or done: the interpreter runs programs in order) and sample over pk >= P (exact
-      scores);
+      applies min_p and opens the search of P (`_threshold_core`), which the row's
+      programs of phases 1 .. PHASES carry on; P lands in thr[row]. The row's scan
+      programs wait for it (they come later in launch order, so those they wait on are
+      running or done: the interpreter runs programs in order) and sample over pk >= P
+      (exact scores);
     * plain (greedy, or every control off): scanned exactly as without controls.
 
     The finishing program of a request puts its thresholds back to rest. SGLANG: the
     finish writes SGLang's layout as `_verify_kernel`'s does."""
     pid = tl.program_id(0)
-    R = tl.num_programs(0) // (2 * n_split)
-    if pid < R * n_split:
+    R = tl.num_programs(0) // ((2 + PHASES) * n_split)
+    if pid < (1 + PHASES) * R * n_split:
+        f = pid // (R * n_split)
+        pid = pid - f * R * n_split
         r = pid // n_split
         b64 = (r // (K + 1)).to(tl.int64)
         T = tl.load(temp_ptr + b64 * stride_t).to(tl.float32)
@@ -288,18 +293,13 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
             j = r - b64 * (K + 1)
             row_ptr = logits_ptr + b64 * stride_b + j * stride_j
             lo = chunk * tiles_per * BLOCK_V
-            pmax, pmin = CC.pk_range(row_ptr, lo, tl.minimum(lo + tiles_per * BLOCK_V, V), T,
-                                     IDB, SEL_BLOCK)
-            tl.atomic_max(acc_ptr + 2 * R + r, pmax, sem="relaxed")
-            tl.atomic_max(acc_ptr + 3 * R + r, ~pmin, sem="relaxed")
-            if tl.atomic_add(rcnt_ptr + r, 1, sem="acq_rel") == n_split - 1:
-                pmax = tl.atomic_xchg(acc_ptr + 2 * R + r, PACKED_EMPTY, sem="relaxed")
-                pmin = ~tl.atomic_xchg(acc_ptr + 3 * R + r, PACKED_EMPTY, sem="relaxed")
-                tl.store(rcnt_ptr + r, 0)
-                P = CC.threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, SEL_BLOCK)
-                tl.atomic_xchg(thr_ptr + r, P, sem="release")
+            hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+            st = st_ptr + r.to(tl.int64) * (TC.ST + TC.NCR)
+            TC.threshold_program(f, st, thr_ptr + r, rcnt_ptr + r, acc_ptr + 2 * R + r,
+                                 acc_ptr + 3 * R + r, row_ptr, lo, hi, V, T, k, p, mp, IDB,
+                                 n_split, PHASES, LB, SEL_BLOCK)
     else:
-        pid = pid - R * n_split
+        pid = pid - (1 + PHASES) * R * n_split
         per_req = (K + 1) * n_split
         b = pid // per_req
         rem = pid - b * per_req
@@ -626,7 +626,9 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     workspace, all resting at PACKED_EMPTY / 0: after the R row slots, R thresholds,
     R row maxima and R row minima (complemented), then with top_k CAP candidates and NC
     compaction slots a scan program; after the B request counters, R row counters.
-    `sglang`: SGLang's layout of the answer, as in `launch_verify`."""
+    With top_k or top_p, the threshold search's row states (`_common.SEARCH`, resting at
+    0) and TC.NPH search phases. `sglang`: SGLang's layout of the answer, as in
+    `launch_verify`."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     R = B * (K + 1)
     has_k = controls[0] is not None
@@ -635,19 +637,22 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     thr = acc[R:2 * R]
     cand = acc[4 * R:4 * R + CC.CAP * R * split]
     comp = acc[4 * R + CC.CAP * R * split:]
+    phases = TC.NPH if has_k or controls[1] is not None else 0
+    search = C.SEARCH.get(logits.device, TC.state_size(R, phases), 1)[0] if phases else acc
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
     ts, strides, flags = CC.control_args(controls, temp)
-    _controls_verify_kernel[(2 * R * split,)](
+    _controls_verify_kernel[((2 + phases) * R * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
-        acc, cnt, thr, cand, comp, cnt[B:], temp, seeds, pos, *ts, V, K, stride_b, stride_j,
+        acc, cnt, thr, cand, comp, cnt[B:], search, temp, seeds, pos, *ts, V, K, stride_b,
+        stride_j,
         draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
         tiles_per, CC.id_bits(V), *sglang_args(sglang, logits),
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, **flags, CAPK=CC.CAP,
         SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, GROUP=CC.GROUP,
-        SEL_BLOCK=256 * cfg["num_warps"], SGLANG=sglang is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SEL_BLOCK=256 * cfg["num_warps"], PHASES=phases, LB=32 * cfg["num_warps"],
+        SGLANG=sglang is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,

@@ -16,7 +16,8 @@ import recipes
 from autotune.timing import plain_op, time_graph
 
 CASES = {"temperature only": {}, "controls_topk_topp": {"top_k": 20, "top_p": 0.95},
-         "controls_topp": {"top_p": 0.9}, "controls_minp": {"min_p": 0.05},
+         "topk50_topp": {"top_k": 50, "top_p": 0.95}, "controls_topp": {"top_p": 0.9},
+         "controls_minp": {"min_p": 0.05},
          "controls_off": {"top_k": 0, "top_p": 1.0, "min_p": 0.0}}
 K, V = 3, 151936
 
