@@ -21,14 +21,14 @@ Two ways to the kept set, the same set (the same masses and comparisons):
   lane-max pass, then the ids at or above the CAP-th lane max compacted and sorted),
   the row's last chunk merges the lists, applies min_p, top_k and top_p to the sorted
   CAP and scores only the kept ids exactly (`candidates_packed`). No threshold pass.
-* threshold (any other control on): the row's programs find its pk range in parallel
-  (`pk_range`) and the last of them finds P exactly (`threshold_in`): a binary search
-  over z keys for the min_p cut, then bisections over packed keys with masked counts
-  (top_k) and masses (top_p). Each bisection step reads the row again (64 steps at most
-  per control), so this path is exact but slow (docs/performance.md, "Sampling
-  controls"); the sampled scan then keeps only ids with pk >= P
-  (`restricted_filtered_packed`, `restricted_chunk_packed` with EXACT).
-  `row_threshold` does both in one program, for kernels of their own (the vLLM adapters'
+* threshold (any other control on): P is `threshold_in`'s, which defines it: a binary
+  search over z keys for the min_p cut (no pass), then bisections over packed keys with
+  masked counts (top_k) and masses (top_p), a pass over the row each. chain_verify
+  finds that P with all of the row's programs (`_threshold_core`: its pk range, then
+  levels of exact counts and masses and a sorted compaction of the boundary's ids);
+  the sampled scan then keeps only ids with pk >= P (`restricted_filtered_packed`,
+  `restricted_chunk_packed` with EXACT). `row_threshold` runs `threshold_in` in one
+  program (exact but a pass a step), for kernels of their own (the vLLM adapters'
   ragged verify).
 """
 from __future__ import annotations

@@ -695,4 +695,4 @@ chain_verify.reference = reference
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
     sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
-             launch_verify, GC))
+             launch_verify, GC, _controls_verify_kernel, launch_controls, CC, TC))
