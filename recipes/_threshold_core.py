@@ -33,27 +33,29 @@ from ._argmax_core import PACKED_EMPTY, pack, unpack_value
 from ._common import interpreter_active
 from ._controls_core import mass, min_p_cut, packed_key, pk_range, threshold_in
 
-NPH = 4          # search phases after phase 0 (0: phase 0's last program bisects)
-M = 16           # split points a level (4 bits of the window a phase)
+NPH = 4                       # search phases after phase 0 (0: phase 0's last program bisects)
+M = tl.constexpr(16)          # split points a level (4 bits of the window a phase)
 # compaction: at most NCR ids of a window, sorted by the last program. P does not depend
 # on it; the interpreter's sort costs seconds at 1024, so there the CPU tests run the
 # search with 128 (and so with more levels before the compaction)
-NCR = 128 if interpreter_active() else 1024
-SPAN = 28.0      # z span of a first level (masses below e^-28 are 0 in fixed point)
+NCR = tl.constexpr(128 if interpreter_active() else 1024)
+SPAN = tl.constexpr(28.0)     # z span of a first level (masses below e^-28 are 0 in fixed point)
 
 # a row's state words (int64, resting at 0: `_common.SEARCH`), then its M masses and M
 # counts, then its NCR buffer
-PHASE, T_LO, T_HI, M_HI, C_HI, MODE, TARGET, N_W, PMAX, PMIN, OFF, EXIT = range(12)
-ACC = 16
-ST = ACC + 2 * M
-MODE_K, MODE_P1, MODE_P = 0, 1, 2    # counting for top_k; top_p with W unknown / known
-
-DONE = 1 << 40   # the state word of a row whose P is published
+(PHASE, T_LO, T_HI, M_HI, C_HI, MODE, TARGET, N_W, PMAX, PMIN, OFF,
+ EXIT) = (tl.constexpr(i) for i in range(12))
+ACC = tl.constexpr(16)
+ST = tl.constexpr(ACC.value + 2 * M.value)
+ROW = ST.value + NCR.value    # int64 words a row
+# counting for top_k; top_p with W unknown / known
+MODE_K, MODE_P1, MODE_P = (tl.constexpr(i) for i in range(3))
+DONE = tl.constexpr(1 << 40)  # the state word of a row whose P is published
 
 
 def state_size(R: int, phases: int) -> int:
     """int64 words of the search state of R rows (state, then an NCR buffer a row)."""
-    return R * (ST + NCR) if phases > 0 else 0
+    return R * ROW if phases > 0 else 0
 
 
 @triton.jit
@@ -88,12 +90,14 @@ def _level_pass(row_ptr, lo, hi, T, zmax, IDB, s, t_hi, NS: tl.constexpr,
     """Mass and count of the window ids of [lo, hi) (pk < t_hi) at or above each s_i."""
     accm = tl.zeros([NS, LB], tl.int64)
     accc = tl.zeros([NS, LB], tl.int32)
+    sb = tl.broadcast_to(s[:, None], [NS, LB])
     for base in range(lo, hi, LB):
         z, pk = _load_step(row_ptr, base, hi, T, IDB, LB)
-        inw = pk < t_hi
-        w = tl.where(inw, mass(z, zmax), 0)
-        ge = (pk[None, :] >= s[:, None]) & inw[None, :]
-        accm += tl.where(ge, w[None, :], 0)
+        w = tl.where(pk < t_hi, mass(z, zmax), -1)        # -1: outside the window
+        pkb = tl.broadcast_to(pk[None, :], [NS, LB])
+        wb = tl.broadcast_to(w[None, :], [NS, LB])
+        ge = (pkb >= sb) & (wb >= 0)
+        accm += tl.where(ge, wb, 0)
         accc += ge.to(tl.int32)
     return tl.sum(accm, 1), tl.sum(accc, 1)
 

@@ -14,7 +14,7 @@ from tests.helpers import ON_GPU, assert_equal
 
 CC = importlib.import_module("recipes._controls_core")
 TC = importlib.import_module("recipes._threshold_core")
-EMPTY = -(2**63)
+EMPTY = tl.constexpr(-(2**63))
 
 
 @triton.jit
@@ -51,10 +51,10 @@ def thresholds(x, T, k, p, mp, phases, n_split, state=None):
     R, V = x.shape
     dev = x.device
     if state is None:
-        state = (torch.full((2 * R,), EMPTY, dtype=torch.int64, device=dev),
+        state = (torch.full((2 * R,), EMPTY.value, dtype=torch.int64, device=dev),
                  torch.zeros(R, dtype=torch.int32, device=dev),
                  torch.zeros(max(1, TC.state_size(R, phases)), dtype=torch.int64, device=dev),
-                 torch.full((R,), EMPTY, dtype=torch.int64, device=dev))
+                 torch.full((R,), EMPTY.value, dtype=torch.int64, device=dev))
     acc, rcnt, st, thr = state
     out = torch.empty(R, dtype=torch.int64, device=dev)
     chunk = triton.cdiv(V, n_split)
@@ -113,10 +113,10 @@ def test_phased_search_is_threshold_in(device, V, n_split, counts):
         assert_equal(got, want, f"phases={phases}")
         # at rest: the phase word, buffer offset, exit counter, accumulators and row
         # counters 0, the folds and thr empty (the window words are written before use)
-        st = st.reshape(-1, TC.ST + TC.NCR)
-        rest = [TC.PHASE, TC.OFF, TC.EXIT, *range(TC.ACC, TC.ST)]
+        st = st.reshape(-1, TC.ROW)
+        rest = [TC.PHASE.value, TC.OFF.value, TC.EXIT.value, *range(TC.ACC.value, TC.ST.value)]
         assert (st[:, rest] == 0).all() and (rcnt == 0).all()
-        assert (acc == EMPTY).all() and (thr == EMPTY).all()
+        assert (acc == EMPTY.value).all() and (thr == EMPTY.value).all()
 
 
 def test_search_state_reused_across_calls(device):
