@@ -47,7 +47,7 @@ SPAN = tl.constexpr(28.0)     # z span of a first level (masses below e^-28 are 
  EXIT) = (tl.constexpr(i) for i in range(12))
 ACC = tl.constexpr(16)
 ST = tl.constexpr(ACC.value + 2 * M.value)
-ROW = ST.value + NCR.value    # int64 words a row
+ROW = tl.constexpr(ST.value + NCR.value)    # int64 words a row
 # counting for top_k; top_p with W unknown / known
 MODE_K, MODE_P1, MODE_P = (tl.constexpr(i) for i in range(3))
 DONE = tl.constexpr(1 << 40)  # the state word of a row whose P is published
@@ -55,7 +55,7 @@ DONE = tl.constexpr(1 << 40)  # the state word of a row whose P is published
 
 def state_size(R: int, phases: int) -> int:
     """int64 words of the search state of R rows (state, then an NCR buffer a row)."""
-    return R * ROW if phases > 0 else 0
+    return R * ROW.value if phases > 0 else 0
 
 
 @triton.jit

@@ -294,7 +294,7 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
             row_ptr = logits_ptr + b64 * stride_b + j * stride_j
             lo = chunk * tiles_per * BLOCK_V
             hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
-            st = st_ptr + r.to(tl.int64) * (TC.ST + TC.NCR)
+            st = st_ptr + r.to(tl.int64) * TC.ROW
             TC.threshold_program(f, st, thr_ptr + r, rcnt_ptr + r, acc_ptr + 2 * R + r,
                                  acc_ptr + 3 * R + r, row_ptr, lo, hi, V, T, k, p, mp, IDB,
                                  n_split, PHASES, LB, SEL_BLOCK)
@@ -644,8 +644,7 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     _controls_verify_kernel[((2 + phases) * R * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, thr, cand, comp, cnt[B:], search, temp, seeds, pos, *ts, V, K, stride_b,
-        stride_j,
-        draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
+        stride_j, draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
         tiles_per, CC.id_bits(V), *sglang_args(sglang, logits),
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),

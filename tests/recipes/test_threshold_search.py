@@ -34,7 +34,7 @@ def _p_kernel(x_ptr, stride, V, T, k_ptr, p_ptr, m_ptr, acc_ptr, rcnt_ptr, st_pt
         p = tl.load(p_ptr + r)
         mp = tl.load(m_ptr + r)
         lo = c * chunk
-        TC.threshold_program(f, st_ptr + r.to(tl.int64) * (TC.ST + TC.NCR), thr_ptr + r,
+        TC.threshold_program(f, st_ptr + r.to(tl.int64) * TC.ROW, thr_ptr + r,
                              rcnt_ptr + r, acc_ptr + r, acc_ptr + R + r,
                              x_ptr + r.to(tl.int64) * stride, lo, tl.minimum(lo + chunk, V),
                              V, T, k, p, mp, IDB, n_split, PHASES, LB, BLOCK)
@@ -113,7 +113,7 @@ def test_phased_search_is_threshold_in(device, V, n_split, counts):
         assert_equal(got, want, f"phases={phases}")
         # at rest: the phase word, buffer offset, exit counter, accumulators and row
         # counters 0, the folds and thr empty (the window words are written before use)
-        st = st.reshape(-1, TC.ROW)
+        st = st.reshape(-1, TC.ROW.value)
         rest = [TC.PHASE.value, TC.OFF.value, TC.EXIT.value, *range(TC.ACC.value, TC.ST.value)]
         assert (st[:, rest] == 0).all() and (rcnt == 0).all()
         assert (acc == EMPTY.value).all() and (thr == EMPTY.value).all()
