@@ -253,6 +253,16 @@ def threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def tile_keys(row_ptr, base, lanes, hi, T, P, IDB):
+    """(ids, x, z, kept) of the tile of ids base + lanes below hi; kept: pk >= P."""
+    ids = base + lanes
+    live = ids < hi
+    x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+    z = tl.math.div_rn(x, T)
+    return ids, x, z, live & (packed_key(z, ids, IDB) >= P)
+
+
+@triton.jit
 def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
                             BLOCK: tl.constexpr):
     """Packed argmax of the exact sampled scores over the ids of [lo, hi) with
@@ -262,14 +272,26 @@ def restricted_chunk_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
     best = tl.full([G, 4], PACKED_EMPTY, tl.int64)
     for t in range(0, n_tiles):
         base = lo + t * BLOCK
-        ids = base + lanes
-        live = ids < hi
-        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
-        z = tl.math.div_rn(x, T)
-        keep = live & (packed_key(z, ids, IDB) >= P)
+        ids, x, z, keep = tile_keys(row_ptr, base, lanes, hi, T, P, IDB)
         s = GC.exact_scores(x, T, GC.philox_tile(seed, ctr, base // 4, G))
         best = tl.maximum(best, tl.where(keep, pack(s, ids), PACKED_EMPTY))
     return tl.max(tl.reshape(best, [BLOCK]), 0)
+
+
+@triton.jit
+def lane_scores(row_ptr, lo, hi, n_tiles, lane, t0, T, seed, ctr, P, IDB,
+                BLOCK: tl.constexpr, R: tl.constexpr):
+    """(ids, kept, exact scores) of tiles t0 .. t0 + R - 1 of one lane of a chunk
+    (ids lo + t * BLOCK + lane, t < n_tiles); kept: pk >= P."""
+    tt = t0 + tl.arange(0, R)
+    ids = lo + tt * BLOCK + lane
+    live = (tt < n_tiles) & (ids < hi)
+    x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+    live = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
+    r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
+    k = lane % 4
+    r = tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
+    return ids, live, GC.exact_scores(x, T, r)
 
 
 @triton.jit
@@ -277,17 +299,10 @@ def _restricted_lane_packed(row_ptr, lo, hi, n_tiles, lane, T, seed, ctr, P, IDB
                             BLOCK: tl.constexpr, R: tl.constexpr):
     """Packed argmax of the exact scores of the ids of one lane of a chunk
     (lo + t * BLOCK + lane, t < n_tiles, R at a time) with pk >= P."""
-    k = lane % 4
     best = tl.full([], PACKED_EMPTY, tl.int64)
     for t0 in range(0, n_tiles, R):
-        tt = t0 + tl.arange(0, R)
-        ids = lo + tt * BLOCK + lane
-        live = (tt < n_tiles) & (ids < hi)
-        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
-        live = live & (packed_key(tl.math.div_rn(x, T), ids, IDB) >= P)
-        r0, r1, r2, r3 = GC.philox(seed, (ids // 4).to(tl.uint32), ctr)
-        r = tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
-        s = GC.exact_scores(x, T, r)
+        ids, live, s = lane_scores(row_ptr, lo, hi, n_tiles, lane, t0, T, seed, ctr, P, IDB,
+                                   BLOCK, R)
         best = tl.maximum(best, tl.max(tl.where(live, pack(s, ids), PACKED_EMPTY), 0))
     return best
 
@@ -332,7 +347,7 @@ def restricted_filtered_packed(row_ptr, lo, hi, n_tiles, T, seed, ctr, P, IDB,
             packed = _restricted_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, P,
                                              IDB, BLOCK, 32)
             A = unpack_value(packed)
-            cand = (GC._bound(b1, 1.0) >= A) & (lanes != top)
+            cand = (GC.score_bound(b1, 1.0) >= A) & (lanes != top)
             n = tl.sum(cand.to(tl.int32), 0)
             if (n <= MAXC) & (A > -GC.FAR) & (A < GC.FAR):
                 good = tl.full([], 1, tl.int32)

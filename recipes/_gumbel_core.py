@@ -299,7 +299,7 @@ def approx_log2_w(bits):
 
 
 @_helper
-def _bound(a, SIGN: tl.constexpr):
+def score_bound(a, SIGN: tl.constexpr):
     """Natural-units bound of a lane value a (log2 units): sa + SIGN * (EPS |sa| + EABS),
     sa = a ln2 - ln(ln2); an infinite a gives itself (NaN stays NaN)."""
     inf = (a == float("inf")) | (a == float("-inf"))
@@ -374,7 +374,7 @@ def _filter_chunk(row_ptr, lo, hi, n_tiles, T, c, seed, ctr, BLOCK: tl.constexpr
         packed = _exact_lane_packed(row_ptr, lo, hi, n_tiles, top, T, seed, ctr, BLOCK, R,
                                     live_lo)
         A = unpack_value(packed)                        # an exact score: <= s*
-        cand = (_bound(b1, 1.0) >= A) & (lanes != top)
+        cand = (score_bound(b1, 1.0) >= A) & (lanes != top)
         n = tl.sum(cand.to(tl.int32), 0)
         good = ((n <= MAXC) & (A > -FAR) & (A < FAR)).to(tl.int32)
         if good != 0:

@@ -18,6 +18,12 @@ is found in phases instead of by one program's bisections (a pass over the row e
   them and finds P exactly (`_finish_compact`).
 * if P is still open after phase NPH, the last program finds it by `threshold_in`.
 
+With PCHECK (top_p given), rows with top_p and top_k off (and a finite z_max) first try
+the candidate check (`_topp_core`): after phase 0, block 1 finds the row's C best
+scores among pk >= P0 and W, block 2 their masses above; the first candidate whose mass
+above is below top_p * W is the token (published into the row's slot, P = SKIP), and
+only where none is does the check open phase 1 as phase 0 would have.
+
 Counts and masses are integer sums, so P depends on neither the order of the atomics nor
 the launch config. A phase's programs wait for its phase word (set by programs earlier
 in launch order, running or done), its last program (the row counter) resets the
@@ -29,6 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import _topp_core as TP
 from ._argmax_core import PACKED_EMPTY, pack, unpack_value
 from ._common import interpreter_active
 from ._controls_core import mass, min_p_cut, packed_key, pk_range, threshold_in
@@ -43,14 +50,17 @@ SPAN = tl.constexpr(28.0)     # z span of a first level (masses below e^-28 are 
 
 # a row's state words (int64, resting at 0: `_common.SEARCH`), then its M masses and M
 # counts, then its NCR buffer
-(PHASE, T_LO, T_HI, M_HI, C_HI, MODE, TARGET, N_W, PMAX, PMIN, OFF,
- EXIT) = (tl.constexpr(i) for i in range(12))
+(PHASE, T_LO, T_HI, M_HI, C_HI, MODE, TARGET, N_W, PMAX, PMIN, OFF, EXIT, P0W,
+ CHK) = (tl.constexpr(i) for i in range(14))
 ACC = tl.constexpr(16)
 ST = tl.constexpr(ACC.value + 2 * M.value)
 ROW = tl.constexpr(ST.value + NCR.value)    # int64 words a row
 # counting for top_k; top_p with W unknown / known
 MODE_K, MODE_P1, MODE_P = (tl.constexpr(i) for i in range(3))
 DONE = tl.constexpr(1 << 40)  # the state word of a row whose P is published
+SKIP = tl.constexpr(1 << 62)  # P of a row whose token is published (above every pk)
+# CHK, the candidate check's word (PCHECK): 1 candidates, 2 check, 3 not this row's way
+CHK_BEST, CHK_MASS, CHK_OFF = (tl.constexpr(i) for i in range(1, 4))
 
 
 def state_size(R: int, phases: int) -> int:
@@ -137,12 +147,15 @@ def _open(st_ptr, f, t_lo, t_hi, m_hi, c_hi, mode, target, n_w):
 
 @triton.jit
 def open_search(st_ptr, thr_ptr, V, k, p, mp, IDB, pmax, pmin, PHASES: tl.constexpr,
-                row_ptr, T, BLOCK: tl.constexpr):
-    """Phase 0's last program: publish P where no pass is needed, else open phase 1 on
-    the window [P0, pmax + 1) (PHASES = 0: find P by `threshold_in` here)."""
+                row_ptr, T, BLOCK: tl.constexpr, PCHECK: tl.constexpr = False):
+    """Phase 0's last program: publish P where no pass is needed, else (PCHECK, top_p
+    without top_k, a finite z_max) open the candidate check, else open phase 1 on the
+    window [P0, pmax + 1) (PHASES = 0: find P by `threshold_in` here)."""
     zkey = pmax >> IDB
+    zmax = unpack_value(zkey << 32)
     P0 = min_p_cut(pmax, pmin, mp, IDB)
     kon = (k > 0) & (k < V)
+    check = tl.zeros([], tl.int32)
     if PHASES == 0:
         tl.atomic_xchg(thr_ptr, threshold_in(row_ptr, V, T, k, p, mp, IDB, pmax, pmin,
                                              BLOCK), sem="release")
@@ -153,10 +166,96 @@ def open_search(st_ptr, thr_ptr, V, k, p, mp, IDB, pmax, pmin, PHASES: tl.conste
     else:
         tl.store(st_ptr + PMAX, pmax)
         tl.store(st_ptr + PMIN, pmin)
-        mode = tl.where(kon, MODE_K, MODE_P1).to(tl.int64)
-        zero = tl.zeros([], tl.int64)
-        _open(st_ptr, 1, P0, pmax + 1, zero, zero, mode, tl.zeros([], tl.float64),
-              zero + V + NCR + 1)                 # the window's count: not known yet
+        if PCHECK & ~kon & (zmax > float("-inf")) & (zmax < float("inf")):
+            check += 1
+            tl.store(st_ptr + P0W, P0)
+            tl.debug_barrier()
+            tl.atomic_xchg(st_ptr + CHK, CHK_BEST, sem="release")
+        else:
+            _open_first(st_ptr, kon, P0, pmax, V)
+    if PCHECK:
+        if check == 0:
+            tl.atomic_xchg(st_ptr + CHK, CHK_OFF, sem="release")
+
+
+@triton.jit
+def _open_first(st_ptr, kon, P0, pmax, V):
+    """Open phase 1 on the window [P0, pmax + 1)."""
+    mode = tl.where(kon, MODE_K, MODE_P1).to(tl.int64)
+    zero = tl.zeros([], tl.int64)
+    _open(st_ptr, 1, P0, pmax + 1, zero, zero, mode, tl.zeros([], tl.float64),
+          zero + V + NCR + 1)                 # the window's count: not known yet
+
+
+@triton.jit
+def _exit(st_ptr, n_exits):
+    """Count a search or check program out; the last of the row's n_exits puts the
+    state words to rest."""
+    if tl.atomic_add(st_ptr + EXIT, 1, sem="acq_rel") == n_exits - 1:
+        tl.store(st_ptr + EXIT, 0)
+        tl.atomic_xchg(st_ptr + CHK, 0, sem="relaxed")
+        tl.atomic_xchg(st_ptr + PHASE, 0, sem="relaxed")
+
+
+@triton.jit
+def _wait_chk(st_ptr, at_least):
+    c = tl.atomic_add(st_ptr + CHK, 0, sem="acquire")
+    while c < at_least:
+        c = tl.atomic_add(st_ptr + CHK, 0, sem="acquire")
+    return c
+
+
+@triton.jit
+def best_program(st_ptr, rcnt_ptr, lists_ptr, chunk, row_ptr, lo, hi, n_tiles, T, seed,
+                 ctr, IDB, n_split, HB: tl.constexpr):
+    """The candidate check's first step, chunk [lo, hi) (n_tiles tiles of HB): its C
+    best scores among pk >= P0 into lists[chunk], its mass of pk >= P0 into the W word;
+    the last program stores the row's C best and their pk and opens the check."""
+    if _wait_chk(st_ptr, CHK_BEST) == CHK_BEST:
+        pmax = tl.load(st_ptr + PMAX, cache_modifier=".cg")
+        P0 = tl.load(st_ptr + P0W, cache_modifier=".cg")
+        zmax = unpack_value((pmax >> IDB) << 32)
+        best, w = TP.chunk_best(row_ptr, lo, hi, n_tiles, T, seed, ctr, P0, IDB, zmax, HB)
+        tl.store(lists_ptr + chunk * TP.C + tl.arange(0, TP.C), best)
+        tl.atomic_add(st_ptr + ACC + TP.C, w, sem="relaxed")
+        tl.debug_barrier()
+        if tl.atomic_add(rcnt_ptr, 1, sem="acq_rel") == n_split - 1:
+            tl.store(rcnt_ptr, 0)
+            best = TP.merge_best(lists_ptr, n_split)
+            tl.store(st_ptr + ST + tl.arange(0, TP.C), TP.candidate_keys(best, row_ptr, T, IDB))
+            tl.store(st_ptr + ST + TP.C + tl.arange(0, TP.C), best)
+            tl.debug_barrier()
+            tl.atomic_xchg(st_ptr + CHK, CHK_MASS, sem="release")
+
+
+@triton.jit
+def check_program(st_ptr, thr_ptr, rcnt_ptr, slot_ptr, row_ptr, lo, hi, V, T, p, IDB,
+                  n_split, LB: tl.constexpr):
+    """The candidate check's second step, chunk [lo, hi): its mass above each
+    candidate's pk; the last program publishes the first candidate whose mass above is
+    below p * W into the row's slot (P = SKIP: the scan only counts in), or opens the
+    threshold search where none is."""
+    if _wait_chk(st_ptr, CHK_MASS) == CHK_MASS:
+        pmax = tl.load(st_ptr + PMAX, cache_modifier=".cg")
+        zmax = unpack_value((pmax >> IDB) << 32)
+        i = tl.arange(0, TP.C)
+        pks = tl.load(st_ptr + ST + i, cache_modifier=".cg")
+        m = TP.masses_above(row_ptr, lo, hi, T, zmax, IDB, pks, LB)
+        tl.atomic_add(st_ptr + ACC + i, m, sem="relaxed")
+        tl.debug_barrier()
+        if tl.atomic_add(rcnt_ptr, 1, sem="acq_rel") == n_split - 1:
+            tl.store(rcnt_ptr, 0)
+            m = tl.atomic_xchg(st_ptr + ACC + i, tl.zeros([TP.C], tl.int64), sem="relaxed")
+            W = tl.atomic_xchg(st_ptr + ACC + TP.C, 0, sem="relaxed")
+            best = tl.load(st_ptr + ST + TP.C + i, cache_modifier=".cg")
+            target = p.to(tl.float64) * W.to(tl.float64)
+            hit = (best != PACKED_EMPTY) & (m.to(tl.float64) < target)
+            at = tl.min(tl.where(hit, i, TP.C), 0)
+            if at < TP.C:
+                tl.atomic_max(slot_ptr, tl.sum(tl.where(i == at, best, 0), 0), sem="relaxed")
+                _publish_p(st_ptr, thr_ptr, SKIP)
+            else:
+                _open_first(st_ptr, False, tl.load(st_ptr + P0W, cache_modifier=".cg"), pmax, V)
 
 
 @triton.jit
@@ -235,9 +334,10 @@ def _finish_compact(st_ptr, thr_ptr, f, k, p, IDB, t_hi, m_hi, c_hi, mode, targe
 
 @triton.jit
 def search_program(f, st_ptr, thr_ptr, rcnt_ptr, row_ptr, lo, hi, V, T, k, p, mp, IDB,
-                   n_split, PHASES: tl.constexpr, LB: tl.constexpr,
+                   n_split, n_exits, PHASES: tl.constexpr, LB: tl.constexpr,
                    BLOCK: tl.constexpr):
-    """Phase f (1 .. PHASES) of the row's search, chunk [lo, hi) (module doc)."""
+    """Phase f (1 .. PHASES) of the row's search, chunk [lo, hi) (module doc); n_exits:
+    the row's programs that count out (`_exit`)."""
     ph = tl.atomic_add(st_ptr + PHASE, 0, sem="acquire")
     while ph < f:
         ph = tl.atomic_add(st_ptr + PHASE, 0, sem="acquire")
@@ -274,20 +374,22 @@ def search_program(f, st_ptr, thr_ptr, rcnt_ptr, row_ptr, lo, hi, V, T, k, p, mp
                     pmin = tl.load(st_ptr + PMIN, cache_modifier=".cg")
                     _publish_p(st_ptr, thr_ptr, threshold_in(row_ptr, V, T, k, p, mp, IDB,
                                                              pmax, pmin, BLOCK))
-    if tl.atomic_add(st_ptr + EXIT, 1, sem="acq_rel") == PHASES * n_split - 1:
-        tl.store(st_ptr + EXIT, 0)
-        tl.atomic_xchg(st_ptr + PHASE, 0, sem="relaxed")
+    _exit(st_ptr, n_exits)
 
 
 @triton.jit
 def threshold_program(f, st_ptr, thr_ptr, rcnt_ptr, max_ptr, min_ptr, row_ptr, lo, hi, V,
-                      T, k, p, mp, IDB, n_split, PHASES: tl.constexpr, LB: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """Phase f's program for chunk [lo, hi) of a row with controls (k, p, mp) at
-    temperature T: phase 0 folds the row's pk range into max_ptr / min_ptr (resting at
-    PACKED_EMPTY; min complemented) and its last program opens the search; phases 1 ..
-    PHASES search (`search_program`). P lands in thr_ptr; rcnt_ptr: the row's arrival
-    counter (resting at 0); st_ptr: the row's state (`state_size`)."""
+                      T, k, p, mp, IDB, n_split, slot_ptr, lists_ptr, chunk, n_tiles, seed,
+                      ctr, PHASES: tl.constexpr, LB: tl.constexpr, BLOCK: tl.constexpr,
+                      PCHECK: tl.constexpr, HB: tl.constexpr):
+    """Block f's program for chunk [lo, hi) (number `chunk`, n_tiles tiles of HB) of a
+    row with controls (k, p, mp) at temperature T, Philox key seed and counter ctr:
+    block 0 folds the row's pk range into max_ptr / min_ptr (resting at PACKED_EMPTY;
+    min complemented) and its last program opens the candidate check or the search;
+    with PCHECK blocks 1 and 2 are the check (`best_program`, `check_program`: the token
+    lands in slot_ptr, chunk lists in lists_ptr), then PHASES search blocks
+    (`search_program`). P lands in thr_ptr; rcnt_ptr: the row's arrival counter (resting
+    at 0); st_ptr: the row's state (`state_size`)."""
     if f == 0:
         pmax, pmin = pk_range(row_ptr, lo, hi, T, IDB, BLOCK)
         tl.atomic_max(max_ptr, pmax, sem="relaxed")
@@ -297,7 +399,20 @@ def threshold_program(f, st_ptr, thr_ptr, rcnt_ptr, max_ptr, min_ptr, row_ptr, l
             pmin = ~tl.atomic_xchg(min_ptr, PACKED_EMPTY, sem="relaxed")
             tl.store(rcnt_ptr, 0)
             open_search(st_ptr, thr_ptr, V, k, p, mp, IDB, pmax, pmin, PHASES, row_ptr, T,
-                        BLOCK)
+                        BLOCK, PCHECK)
+    elif PCHECK:
+        n_exits = (PHASES + 2) * n_split
+        if f == 1:
+            best_program(st_ptr, rcnt_ptr, lists_ptr, chunk, row_ptr, lo, hi, n_tiles, T,
+                         seed, ctr, IDB, n_split, HB)
+            _exit(st_ptr, n_exits)
+        elif f == 2:
+            check_program(st_ptr, thr_ptr, rcnt_ptr, slot_ptr, row_ptr, lo, hi, V, T, p, IDB,
+                          n_split, LB)
+            _exit(st_ptr, n_exits)
+        else:
+            search_program(f - 2, st_ptr, thr_ptr, rcnt_ptr, row_ptr, lo, hi, V, T, k, p, mp,
+                           IDB, n_split, n_exits, PHASES, LB, BLOCK)
     else:
         search_program(f, st_ptr, thr_ptr, rcnt_ptr, row_ptr, lo, hi, V, T, k, p, mp, IDB,
-                       n_split, PHASES, LB, BLOCK)
+                       n_split, PHASES * n_split, PHASES, LB, BLOCK)

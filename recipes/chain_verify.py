@@ -61,6 +61,7 @@ from . import _common as C
 from . import _controls_core as CC
 from . import _gumbel_core as GC
 from . import _threshold_core as TC
+from . import _topp_core as TP
 from ._argmax_core import (
     PACKED_EMPTY,
     SPLIT_SPACE,
@@ -257,16 +258,22 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
                             CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
                             GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr,
-                            PHASES: tl.constexpr, LB: tl.constexpr,
+                            PHASES: tl.constexpr, PCHECK: tl.constexpr,
+                            TBLOCKS: tl.constexpr, LB: tl.constexpr,
                             SGLANG: tl.constexpr):
-    """`_verify_kernel` with the sampling controls, one launch: (1 + PHASES) * R *
-    n_split threshold programs, then R * n_split scan programs (the same chunks). Each
-    row's request falls in one of three paths:
+    """`_verify_kernel` with the sampling controls, one launch: TBLOCKS * R * n_split
+    threshold programs (blocks of R * n_split: phase 0, with PCHECK the two blocks of
+    the candidate check, then PHASES search blocks), then R * n_split scan programs (the
+    same chunks). Each row's request falls in one of four paths:
 
     * candidate (sampled, top_k on and at most CAPK): each scan program puts its
       chunk's CAPK largest pk (`_controls_core.chunk_top_packed`) in cand; the row's
       last program (row counter rcnt) applies the controls to the row's CAPK largest
       and samples among the kept ids (`candidates_packed`);
+    * check (sampled, top_p on and top_k off, PCHECK): after phase 0, the candidate
+      check (`_threshold_core.best_program` / `check_program`, chunk lists in cand)
+      publishes the token into the row's slot and P = SKIP, whereupon the row's scan
+      programs only count in; where no candidate is kept, it goes on as a threshold row;
     * threshold (sampled, another control on): the row's phase-0 programs find its
       pk range (`pk_range`, folded in scratch), the last of them (row counter rcnt)
       applies min_p and opens the search of P (`_threshold_core`), which the row's
@@ -279,8 +286,8 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
     The finishing program of a request puts its thresholds back to rest. SGLANG: the
     finish writes SGLang's layout as `_verify_kernel`'s does."""
     pid = tl.program_id(0)
-    R = tl.num_programs(0) // ((2 + PHASES) * n_split)
-    if pid < (1 + PHASES) * R * n_split:
+    R = tl.num_programs(0) // ((1 + TBLOCKS) * n_split)
+    if pid < TBLOCKS * R * n_split:
         f = pid // (R * n_split)
         pid = pid - f * R * n_split
         r = pid // n_split
@@ -295,11 +302,15 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
             lo = chunk * tiles_per * BLOCK_V
             hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
             st = st_ptr + r.to(tl.int64) * TC.ROW
+            seed = tl.load(seed_ptr + b64 * stride_s).to(tl.int64)
+            ctr = (tl.load(pos_ptr + b64 * stride_p).to(tl.int64) + j).to(tl.uint32)
             TC.threshold_program(f, st, thr_ptr + r, rcnt_ptr + r, acc_ptr + 2 * R + r,
                                  acc_ptr + 3 * R + r, row_ptr, lo, hi, V, T, k, p, mp, IDB,
-                                 n_split, PHASES, LB, SEL_BLOCK)
+                                 n_split, acc_ptr + r, cand_ptr + r * n_split * CAPK, chunk,
+                                 2 * tiles_per, seed, ctr, PHASES, LB, SEL_BLOCK, PCHECK,
+                                 BLOCK_V // 2)
     else:
-        pid = pid - (1 + PHASES) * R * n_split
+        pid = pid - TBLOCKS * R * n_split
         per_req = (K + 1) * n_split
         b = pid // per_req
         rem = pid - b * per_req
@@ -347,7 +358,9 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                     P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
                     while P == PACKED_EMPTY:
                         P = tl.atomic_max(thr_ptr + row, PACKED_EMPTY, sem="acquire")
-                    if EXACT:
+                    if P >= TC.SKIP:           # the candidate check published the token
+                        packed = tl.full([], PACKED_EMPTY, tl.int64)
+                    elif EXACT:
                         packed = CC.restricted_chunk_packed(row_ptr, lo, hi, tiles_per, T,
                                                             seed, ctr, P, IDB, BLOCK_V)
                     else:
@@ -624,24 +637,27 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
                     controls, sglang: tuple | None = None) -> None:
     """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
     workspace, all resting at PACKED_EMPTY / 0: after the R row slots, R thresholds,
-    R row maxima and R row minima (complemented), then with top_k CAP candidates and NC
-    compaction slots a scan program; after the B request counters, R row counters.
-    With top_k or top_p, the threshold search's row states (`_common.SEARCH`, resting at
-    0) and TC.NPH search phases. `sglang`: SGLang's layout of the answer, as in
-    `launch_verify`."""
+    R row maxima and R row minima (complemented), then with top_k or top_p CAP candidate
+    slots a scan program (top_p's candidate check uses the first TP.C) and with top_k
+    NC compaction slots; after the B request counters, R row counters. With top_k or
+    top_p, the threshold search's row states (`_common.SEARCH`, resting at 0) and
+    TC.NPH search phases; with top_p, the candidate check's two blocks. `sglang`:
+    SGLang's layout of the answer, as in `launch_verify`."""
     split, tiles_per = split_plan(V, cfg["BLOCK_V"], cfg["SPLIT"])
     R = B * (K + 1)
-    has_k = controls[0] is not None
-    per = (CC.CAP + CC.NC) * R * split if has_k else 0
-    acc, cnt = C.WORKSPACE.get(logits.device, 4 * R + per, B + R)
+    has_k, has_p = controls[0] is not None, controls[1] is not None
+    n_cand = CC.CAP * R * split if has_k or has_p else 0
+    acc, cnt = C.WORKSPACE.get(logits.device, 4 * R + n_cand + has_k * CC.NC * R * split,
+                               B + R)
     thr = acc[R:2 * R]
-    cand = acc[4 * R:4 * R + CC.CAP * R * split]
-    comp = acc[4 * R + CC.CAP * R * split:]
-    phases = TC.NPH if has_k or controls[1] is not None else 0
+    cand = acc[4 * R:4 * R + n_cand]
+    comp = acc[4 * R + n_cand:]
+    phases = TC.NPH if has_k or has_p else 0
+    blocks = 1 + phases + 2 * has_p
     search = C.SEARCH.get(logits.device, TC.state_size(R, phases), 1)[0] if phases else acc
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
     ts, strides, flags = CC.control_args(controls, temp)
-    _controls_verify_kernel[((2 + phases) * R * split,)](
+    _controls_verify_kernel[((1 + blocks) * R * split,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, thr, cand, comp, cnt[B:], search, temp, seeds, pos, *ts, V, K, stride_b,
         stride_j, draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
@@ -650,8 +666,9 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, **flags, CAPK=CC.CAP,
         SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, GROUP=CC.GROUP,
-        SEL_BLOCK=256 * cfg["num_warps"], PHASES=phases, LB=32 * cfg["num_warps"],
-        SGLANG=sglang is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SEL_BLOCK=256 * cfg["num_warps"], PHASES=phases, PCHECK=has_p, TBLOCKS=blocks,
+        LB=32 * cfg["num_warps"], SGLANG=sglang is not None, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
 
 
 def chain_verify(logits: torch.Tensor, draft_tokens: torch.Tensor, *,
@@ -694,4 +711,4 @@ chain_verify.reference = reference
 TUNING = Tuning(
     name=NAME, space=SPACE, heuristic=heuristic, constraint=constraint,
     sources=(_verify_kernel, _verify_finalize, chunk_argmax_packed, publish_packed,
-             launch_verify, GC, _controls_verify_kernel, launch_controls, CC, TC))
+             launch_verify, GC, _controls_verify_kernel, launch_controls, CC, TC, TP))

@@ -37,7 +37,8 @@ def _p_kernel(x_ptr, stride, V, T, k_ptr, p_ptr, m_ptr, acc_ptr, rcnt_ptr, st_pt
         TC.threshold_program(f, st_ptr + r.to(tl.int64) * TC.ROW, thr_ptr + r,
                              rcnt_ptr + r, acc_ptr + r, acc_ptr + R + r,
                              x_ptr + r.to(tl.int64) * stride, lo, tl.minimum(lo + chunk, V),
-                             V, T, k, p, mp, IDB, n_split, PHASES, LB, BLOCK)
+                             V, T, k, p, mp, IDB, n_split, acc_ptr, acc_ptr, c, 0, 0, 0,
+                             PHASES, LB, BLOCK, False, 4)
     elif c == 0:
         P = tl.atomic_max(thr_ptr + r, EMPTY, sem="acquire")
         while P == EMPTY:
