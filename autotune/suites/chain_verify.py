@@ -31,16 +31,18 @@ def make_inputs(key: dict, device: torch.device, seed: int):
     """(logits, drafts, sampling kwargs): logits with drafts that accept a random prefix of
     each request's argmax; sampled keys add per-request temperatures in [0.5, 1.5], seeds
     and positions (the drafts then match the sampled targets about as often as the argmax
-    is drawn)."""
+    is drawn). Controls keys add the sampling controls, request b the MIX[b % 3] set."""
     g = torch.Generator(device=device).manual_seed(seed)
     B, K, V = key["B"], key["K"], key["V"]
     dtype = getattr(torch, key["dtype"])
     x = torch.randn(B * (K + 1), V, generator=g, device=device).to(dtype)   # GBs: on device
     kw = {}
-    if key.get("mode") == "sampled":
+    if key.get("mode") in ("sampled", "controls"):
         kw = {"temperature": 0.5 + torch.rand(B, generator=g, device=device),
               "seeds": torch.randint(-2**62, 2**62, (B,), generator=g, device=device),
               "positions": torch.randint(0, 2**20, (B,), generator=g, device=device)}
+    if key.get("mode") == "controls":
+        kw.update(mixed_controls(B, device))
     t = torch.argmax(x, dim=1).view(B, K + 1)
     d = t[:, :K].clone()
     if K:
@@ -48,6 +50,19 @@ def make_inputs(key: dict, device: torch.device, seed: int):
         col = torch.arange(K, device=device)[None, :]
         d = torch.where(col == keep, (d + 1) % V, d)     # first miss at `keep` (none if K)
     return x, d, kw
+
+
+# a tuned controls key's requests, in turn: the chat default, top_p alone, min_p alone
+MIX = ({"top_k": 20, "top_p": 0.95, "min_p": 0.0}, {"top_k": 0, "top_p": 0.9, "min_p": 0.0},
+       {"top_k": 0, "top_p": 1.0, "min_p": 0.05})
+
+
+def mixed_controls(B: int, device) -> dict:
+    """top_k / top_p / min_p tensors of B requests, request b with MIX[b % 3]."""
+    pick = [MIX[b % len(MIX)] for b in range(B)]
+    return {n: torch.tensor([m[n] for m in pick], device=device,
+                            dtype=torch.int64 if n == "top_k" else torch.float32)
+            for n in MIX[0]}
 
 
 def _peer(inp):
@@ -58,7 +73,8 @@ def _peer(inp):
 def bytes_moved(key: dict) -> int:
     es = C.dtype_size(key["dtype"])
     B, K = key["B"], key["K"]
-    extra = B * 20 if key.get("mode") == "sampled" else 0      # temperature, seed, position
+    # temperature, seed, position (and the controls: top_k, top_p, min_p)
+    extra = {"sampled": B * 20, "controls": B * 36}.get(key.get("mode"), 0)
     return B * (K + 1) * key["V"] * es + B * K * 8 + B * (K + 1) * 4 + B * 16 + extra
 
 
@@ -71,7 +87,8 @@ def default_keys(preset: str) -> list[dict]:
     2 of tuned keys in K + 1 and V, with tuned B either side, so dispatch borrows a config
     there only from neighbours where it was measured no slower than the heuristic, and
     never from farther. 86 keys, ~11600 (key, config) pairs on ~960 binaries (V and B
-    reach the kernel as runtime sizes)."""
+    reach the kernel as runtime sizes). Then 3 controls keys (`mixed_controls`):
+    bfloat16 at V = 151936 for B = 1, 8, 64, the shapes of the controls targets."""
     if preset == "smoke":
         return [tune_key(torch.bfloat16, 4096, 2, 3), tune_key(torch.bfloat16, 4096, 2, 3, True)]
     pow2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -80,7 +97,8 @@ def default_keys(preset: str) -> list[dict]:
               for b in pow2]
     sampled = [tune_key(torch.bfloat16, v, b, 3, True) for v in vocab for b in pow2]
     sampled += [tune_key(torch.float32, 151936, b, 3, True) for b in (1, 4, 16, 64, 256)]
-    return greedy + sampled
+    controls = [tune_key(torch.bfloat16, 151936, b, 3, True, True) for b in (1, 8, 64)]
+    return greedy + sampled + controls
 
 
 TUNABLES = [Tunable(
@@ -228,6 +246,8 @@ SUITES = [
         name=TUNING.name + "_controls", cases=_controls_bench_cases,
         title="chain_verify (sampling controls)",
         notes="ours: chain_verify with top_k/top_p/min_p tensors (every request the same "
-              "values, T=0.7): the per-row threshold launch, then the restricted scan; "
-              "ours (temperature only): the same call without the control tensors."),
+              "values, T=0.7), one launch: top_k <= 32 by the chunks' candidate lists, "
+              "top_p alone by the row's best candidates, else the threshold search, then "
+              "the restricted scan; ours (temperature only): the same call without the "
+              "control tensors."),
 ]

@@ -246,3 +246,22 @@ def test_chain_verify_controls_suite_cases_run(device):
             got = c.variants["ours"].fn(s)
             check(s["x"], s["d"], {**s["kw"], **s["c"]}, got)
             c.variants["ours (temperature only)"].fn(s)
+
+
+def test_chain_verify_tunes_the_controls_mode(device):
+    """The controls mode is tuned as its own key: the default keys hold it at the
+    controls targets' shapes, and its inputs mix the controls requests carry (each
+    request one set, every set in a batch of 3) and run equal to the reference."""
+    from autotune.suites.chain_verify import MIX
+    from recipes.chain_verify import tune_key
+
+    t = get("chain_verify")
+    modes = [k for k in t.default_keys("gpu") if k["mode"] == "controls"]
+    assert [(k["dtype"], k["V"], k["B"]) for k in modes] == [
+        ("bfloat16", 151936, b) for b in (1, 8, 64)]
+    key = tune_key(torch.bfloat16, 2000, 3, 2, True, True)
+    inp = t.make_inputs(key, device, 0)
+    got = [{n: inp[2][n][b].item() for n in MIX[0]} for b in range(3)]
+    assert got == [{n: pytest.approx(v) for n, v in m.items()} for m in MIX]
+    assert t.equal(t.run(inp, t.heuristic(key, device)), t.reference(inp))
+    assert t.bytes_moved(key) > t.bytes_moved({**key, "mode": "sampled"})
