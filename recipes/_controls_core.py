@@ -45,7 +45,9 @@ SELECT_BLOCK, SELECT_WARPS = 1024, 4    # `row_threshold`'s tile and warps (one 
 CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
 SUB = 512       # ids a step of the candidate pass (more: more registers, fewer programs an SM)
 NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
-GROUP = 16      # the row merge: GROUP - 1 chunk lists and the running CAP at a time
+GROUP = 16      # the row merge's fallback: GROUP - 1 chunk lists and the running CAP at a time
+RS = tl.constexpr(16)   # steps of a chunk's CAP selected lanes compacted at a time
+LG = tl.constexpr(128)  # chunk lists whose last entries the row merge reads at a time
 KEPT_FLOOR = tl.constexpr(3.0e38)   # restricted filtered scan: floor of a kept id's bound
 
 
@@ -384,20 +386,32 @@ def _step_pk(x, base, hi, T, IDB, SUBN: tl.constexpr):
 
 
 @triton.jit
-def _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN: tl.constexpr, NCN: tl.constexpr):
-    """Store the pk >= t of ids [lo, hi) into buf[0:NCN] (the first NCN of them, in id
-    order); return how many there are. The next step's loads go out before this
-    step's arithmetic."""
+def _keep_append(pk, keep, n, buf_ptr, NCN: tl.constexpr):
+    """Append the kept pk (1-D) to buf after its n first; return the new count (the
+    stores beyond NCN are dropped, the count is not)."""
+    at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+    tl.store(buf_ptr + at, pk, mask=keep & (at < NCN))
+    return n + tl.sum(keep.to(tl.int32), 0)
+
+
+@triton.jit
+def _compact(row_ptr, lo, hi, T, IDB, t, top, buf_ptr, SUBN: tl.constexpr,
+             NCN: tl.constexpr, CAPK: tl.constexpr):
+    """Store the pk >= t of ids [lo, hi) into buf[0:NCN] (the first NCN found); return
+    how many there are. Only the lanes of `top` are read (the CAPK largest lane maxima,
+    t the smallest of them at most: no other lane holds an id at or above t), RS steps
+    of each at a time."""
+    lane = (((1 << IDB) - 1 - (top & ((1 << IDB) - 1)) - lo) % SUBN).to(tl.int32)
+    valid = top != PACKED_EMPTY
     n = tl.zeros([], tl.int32)
-    xn = _step_load(row_ptr, lo, hi, SUBN)
-    for base in range(lo, hi, SUBN):
-        x = xn
-        xn = _step_load(row_ptr, base + SUBN, hi, SUBN)
-        pk = _step_pk(x, base, hi, T, IDB, SUBN)
-        keep = (pk >= t) & (pk != PACKED_EMPTY)
-        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(buf_ptr + at, pk, mask=keep & (at < NCN))
-        n += tl.sum(keep.to(tl.int32), 0)
+    for s0 in range(0, tl.cdiv(hi - lo, SUBN), RS):
+        ids = lo + (s0 + tl.arange(0, RS))[None, :] * SUBN + lane[:, None]
+        live = valid[:, None] & (ids < hi)
+        z = tl.math.div_rn(tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32), T)
+        pk = packed_key(z, ids, IDB)
+        keep = live & (pk >= t)
+        n = _keep_append(tl.reshape(pk, [CAPK * RS]), tl.reshape(keep, [CAPK * RS]), n,
+                         buf_ptr, NCN)
     return n
 
 
@@ -407,9 +421,10 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
     """The CAPK largest pk of ids [lo, hi), descending (PACKED_EMPTY where the chunk has
     fewer). One pass keeps each lane's max (lane: position in a SUBN-id step); the
     CAPK-th largest lane max t has CAPK ids at or above it, so the chunk's CAPK largest
-    are among the ids with pk >= t: a second pass (L1/L2-resident) stores those into
-    buf[0:NCN] (scratch resting at PACKED_EMPTY, left at rest), and a sort of them
-    picks the CAPK largest. Where more than NCN ids reach t (many of the largest in
+    are among the ids with pk >= t, which lie in the CAPK lanes of those maxima: a
+    second pass over these lanes alone (L1/L2-resident) stores them into buf[0:NCN]
+    (scratch resting at PACKED_EMPTY, left at rest), and a sort of them picks the CAPK
+    largest. Where more than NCN ids reach t (many of the largest in
     few lanes), bisection over counts finds the CAPK-th largest pk exactly first."""
     lm = tl.full([SUBN], PACKED_EMPTY, tl.int64)
     xn = _step_load(row_ptr, lo, hi, SUBN)
@@ -417,8 +432,9 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
         x = xn
         xn = _step_load(row_ptr, base + SUBN, hi, SUBN)    # in flight during this step
         lm = tl.maximum(lm, _step_pk(x, base, hi, T, IDB, SUBN))
-    t = tl.min(tl.topk(lm, CAPK), 0)
-    n = _compact(row_ptr, lo, hi, T, IDB, t, buf_ptr, SUBN, NCN)
+    top = tl.topk(lm, CAPK)
+    t = tl.min(top, 0)
+    n = _compact(row_ptr, lo, hi, T, IDB, t, top, buf_ptr, SUBN, NCN, CAPK)
     used = tl.minimum(n, NCN)
     if n > NCN:
         lo_t = t
@@ -429,7 +445,7 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
                 lo_t = mid
             else:
                 hi_t = mid
-        n = _compact(row_ptr, lo, hi, T, IDB, lo_t, buf_ptr, SUBN, NCN)   # exactly CAPK
+        n = _compact(row_ptr, lo, hi, T, IDB, lo_t, top, buf_ptr, SUBN, NCN, CAPK)  # CAPK
     tl.debug_barrier()                 # every thread's stores before the read-back
     j = tl.arange(0, NCN)
     c = tl.atomic_xchg(buf_ptr + j, tl.full([NCN], PACKED_EMPTY, tl.int64), mask=j < used,
@@ -438,25 +454,62 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
 
 
 @triton.jit
-def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB,
+def _row_top(cand_ptr, n_chunks, buf_ptr, CAPK: tl.constexpr, GROUP: tl.constexpr,
+             NCN: tl.constexpr):
+    """The CAPK largest of the chunks' lists cand[0:n_chunks*CAPK] (each descending;
+    put back to rest at PACKED_EMPTY), descending. The list whose last entry L is the
+    largest last entry holds CAPK entries >= L, so the row's CAPK largest are >= L:
+    those entries of every list go to buf[0:NCN] (resting at PACKED_EMPTY, left at
+    rest) and one sort of NCN picks them. Where more than NCN reach L, the lists are
+    merged GROUP - 1 at a time into the running CAPK instead."""
+    L = tl.full([], PACKED_EMPTY, tl.int64)
+    for g0 in range(0, n_chunks, LG):
+        jj = g0 + tl.arange(0, LG)
+        last = tl.load(cand_ptr + jj * CAPK + CAPK - 1, mask=jj < n_chunks,
+                       other=PACKED_EMPTY, cache_modifier=".cg")
+        L = tl.maximum(L, tl.max(last, 0))
+    gj = tl.arange(0, GROUP)[:, None]
+    n = tl.zeros([], tl.int32)
+    for g0 in range(0, n_chunks, GROUP):
+        cj = (g0 + gj) * CAPK + tl.arange(0, CAPK)[None, :]
+        got = tl.load(cand_ptr + cj, mask=cj < n_chunks * CAPK, other=PACKED_EMPTY,
+                      cache_modifier=".cg")
+        n = _keep_append(tl.reshape(got, [GROUP * CAPK]),
+                         tl.reshape((got >= L) & (got != PACKED_EMPTY), [GROUP * CAPK]), n,
+                         buf_ptr, NCN)
+    tl.debug_barrier()                 # every thread's stores before the read-back
+    j = tl.arange(0, NCN)
+    b = tl.atomic_xchg(buf_ptr + j, tl.full([NCN], PACKED_EMPTY, tl.int64),
+                       mask=j < tl.minimum(n, NCN), sem="relaxed")
+    if n <= NCN:
+        c = tl.topk(tl.where(j < n, b, PACKED_EMPTY), CAPK)
+    else:
+        cj = (gj - 1) * CAPK + tl.arange(0, CAPK)[None, :]
+        c = tl.full([CAPK], PACKED_EMPTY, tl.int64)
+        for g0 in range(0, n_chunks, GROUP - 1):
+            live = (gj > 0) & (g0 * CAPK + cj < n_chunks * CAPK)
+            got = tl.load(cand_ptr + g0 * CAPK + cj, mask=live, other=PACKED_EMPTY,
+                          cache_modifier=".cg")
+            got = tl.where(live, got, tl.where(gj == 0, c[None, :], PACKED_EMPTY))
+            c = tl.topk(tl.reshape(got, [GROUP * CAPK]), CAPK)
+    for g0 in range(0, n_chunks, GROUP):
+        cj = (g0 + gj) * CAPK + tl.arange(0, CAPK)[None, :]
+        tl.store(cand_ptr + cj, tl.full([GROUP, CAPK], PACKED_EMPTY, tl.int64),
+                 mask=cj < n_chunks * CAPK)
+    return c
+
+
+@triton.jit
+def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB, buf_ptr,
                       HAS_P: tl.constexpr, HAS_M: tl.constexpr, CAPK: tl.constexpr,
-                      GROUP: tl.constexpr):
+                      GROUP: tl.constexpr, NCN: tl.constexpr):
     """The sampled token of a row whose top_k (k) is at most CAPK, as a packed exact
     score: the row's CAPK largest pk are the largest of its chunks' lists
-    (cand[0:n_chunks*CAPK], read and put back to rest; merged GROUP - 1 lists at a time
-    into the running CAPK); min_p, top_k and top_p are then applied to that sorted list
+    (cand[0:n_chunks*CAPK], read and put back to rest; `_row_top`, buf: NCN scratch
+    slots at rest); min_p, top_k and top_p are then applied to that sorted list
     as `row_threshold` applies them to the row (the same masses and comparisons, so the
     same kept set), and only the kept ids are scored."""
-    gj = tl.arange(0, GROUP)[:, None]
-    cj = (gj - 1) * CAPK + tl.arange(0, CAPK)[None, :]
-    c = tl.full([CAPK], PACKED_EMPTY, tl.int64)
-    for g0 in range(0, n_chunks, GROUP - 1):
-        live = (gj > 0) & (g0 * CAPK + cj < n_chunks * CAPK)
-        got = tl.atomic_xchg(cand_ptr + g0 * CAPK + cj,
-                             tl.full([GROUP, CAPK], PACKED_EMPTY, tl.int64), mask=live,
-                             sem="relaxed")
-        got = tl.where(live, got, tl.where(gj == 0, c[None, :], PACKED_EMPTY))
-        c = tl.topk(tl.reshape(got, [GROUP * CAPK]), CAPK)
+    c = _row_top(cand_ptr, n_chunks, buf_ptr, CAPK, GROUP, NCN)
     i = tl.arange(0, CAPK)
     valid = c != PACKED_EMPTY
     zkey = tl.max(c, 0) >> IDB

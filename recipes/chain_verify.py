@@ -342,7 +342,8 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                 pos = tl.load(pos_ptr + b64 * stride_p).to(tl.int64)
                 packed = CC.candidates_packed(cand_ptr + row * n_split * CAPK, n_split,
                                               row_ptr, T, seed, (pos + j).to(tl.uint32), k,
-                                              p, mp, IDB, HAS_P, HAS_M, CAPK, GROUP)
+                                              p, mp, IDB, comp_ptr + row * n_split * NCN,
+                                              HAS_P, HAS_M, CAPK, GROUP, NCN)
                 tl.store(rcnt_ptr + row, 0)
                 if publish_packed(packed, acc_ptr + row, cnt_ptr + b) == K:
                     _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr,

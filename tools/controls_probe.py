@@ -42,7 +42,7 @@ def controls(name: str, B: int, dev):
             for n, v in CASES[name].items()}
 
 
-def _warm(job):
+def warm(job):
     B, name = job
     dev = torch.device("cuda")
     x, d, kw = inputs(B, dev)
@@ -53,7 +53,7 @@ def _warm(job):
 def main(batches=(1, 8, 64), jobs: int = 8):
     if jobs > 1:
         with mp.get_context("spawn").Pool(jobs) as pool:
-            pool.map(_warm, [(B, n) for B in batches for n in CASES])
+            pool.map(warm, [(B, n) for B in batches for n in CASES])
     dev = torch.device("cuda")
     rows = ["| case | " + " | ".join(f"B={b} us" for b in batches) + " |",
             "|---|" + "---|" * len(batches)]

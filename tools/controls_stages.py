@@ -23,11 +23,13 @@ pieces on the launch's chunks (R = B * (K + 1) rows, S chunks a row), each alone
 
 A path's recipe time minus the sum of its stages is what its hand-offs cost (the waits
 on earlier programs, the idle blocks, the accept logic). Stage outputs are not checked
-here: the pieces are the recipe's, and its tests check the recipe's bits.
+here: the pieces are the recipe's, and its tests check the recipe's bits. The recipe's
+kernels are first compiled in parallel processes, as `controls_probe` does.
 """
 from __future__ import annotations
 
 import importlib
+import multiprocessing as mp
 import statistics
 import sys
 from pathlib import Path
@@ -84,7 +86,8 @@ def _stage_kernel(x_ptr, out_ptr, buf_ptr, cand_ptr, V, stride, T, seed, n_split
         p = tl.full([], 0.95, tl.float32)
         tl.store(out_ptr + pid, CC.candidates_packed(cand_ptr + r * n_split * CAPK, n_split,
                                                      row_ptr, T, seed, ctr, k, p, 0.0, IDB,
-                                                     True, False, CAPK, GROUP))
+                                                     buf_ptr + r * n_split * NCN, True,
+                                                     False, CAPK, GROUP, NCN))
     elif STAGE == 3:
         pmax, pmin = CC.pk_range(row_ptr, lo, hi, T, IDB, SEL)
         tl.store(out_ptr + pid, pmax ^ pmin)
@@ -143,7 +146,9 @@ ROWS = (("temperature only", "temperature only"), ("every control off", "control
         ("top_p 0.9", "controls_topp"), ("min_p 0.05", "controls_minp"))
 
 
-def main(batches=(1, 8, 64)):
+def main(batches=(1, 8, 64), jobs: int = 8):
+    with mp.get_context("spawn").Pool(jobs) as pool:    # the recipe's binaries, in parallel
+        pool.map(P.warm, [(B, n) for B in batches for n in P.CASES])
     dev = torch.device("cuda")
     res = {label: [] for label, _ in ROWS}
     plans = []

@@ -70,6 +70,31 @@ def test_candidate_overflow_fallback(device):
     run(x, d, {**kw, **ctl(device, top_k=[20, 32], top_p=[0.9, 1.0])}, cfgs=(one,))
 
 
+def test_candidate_merge_fallback(device):
+    """The row merge reads the entries of every chunk list at or above L, the largest
+    list's last entry; where more than NC reach it (the row's largest interleaved over
+    the chunks: chunk j holds ranks j, j + n, ...), the lists are merged in turns
+    instead. The second row is a plain one (the sort of the entries at or above L)."""
+    n, V = 8, 8 * 1024
+    one = {"BLOCK_V": 1024, "SPLIT": n, "num_warps": 4, "num_stages": 1, "UNROLL": 1,
+           "EXACT": 0}
+    g = torch.Generator().manual_seed(19)
+    x = torch.randn(2, V, generator=g) - 10.0
+    rank = torch.arange(CC.CAP * n)
+    x[0, (rank % n) * 1024 + rank // n] = -0.01 * rank.float()
+    lists = x[0].view(n, 1024).topk(CC.CAP, dim=1).values
+    assert (lists >= lists[:, -1].max()).sum() > CC.NC
+    x[1] = torch.randn(V, generator=g)
+    x = x.to(device)
+    d = torch.empty(2, 0, dtype=torch.int64, device=device)
+    kw = {"temperature": torch.tensor([1.0, 0.8], device=device),
+          "seeds": torch.tensor([7, 8], device=device),
+          "positions": torch.tensor([3, 4], device=device)}
+    for c in (ctl(device, top_k=[32, 20], top_p=[1.0, 0.9]),
+              ctl(device, top_k=[20, 32], top_p=[0.5, 1.0])):
+        run(x, d, {**kw, **c}, cfgs=(one,))
+
+
 def space_configs(V: int):
     """Every config of chain_verify's space that `split_constraint` admits at V."""
     keys = sorted(CV.SPACE)
