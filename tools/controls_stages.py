@@ -2,7 +2,8 @@
 controlled sampled verify go, at the shapes of the controls targets (K=3, V=151936 bf16,
 T=0.7, the config chain_verify dispatches for mode "controls").
 
-    python tools/controls_stages.py [B ...]       (a GPU; default B = 1 8 64; ~2 min)
+    python tools/controls_stages.py [B ...]       (a GPU; default B = 1 8 64; a cold
+                                                  Triton cache: ~4 min, compiling first)
 
 Every call is timed behind a plain one-element torch op in a CUDA graph, as
 time(op + call) - time(op) (`autotune.timing`). The stage kernels run the recipe's own
