@@ -2,8 +2,9 @@
 controlled sampled verify go, at the shapes of the controls targets (K=3, V=151936 bf16,
 T=0.7, the config chain_verify dispatches for mode "controls").
 
-    python tools/controls_stages.py [B ...]       (a GPU; default B = 1 8 64; a cold
-                                                  Triton cache: ~4 min, compiling first)
+    python tools/controls_stages.py [B ...]       (a GPU; default B = 1 8 64; with a cold
+                                                  Triton cache the compiles come first:
+                                                  over 2 min on an H100)
 
 Every call is timed behind a plain one-element torch op in a CUDA graph, as
 time(op + call) - time(op) (`autotune.timing`). The stage kernels run the recipe's own
