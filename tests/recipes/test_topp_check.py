@@ -10,9 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-import recipes
 from tests.helpers import ON_GPU, assert_equal
-from tests.recipes.test_chain_verify_controls import CFGS, SMALL, check, ctl
+from tests.recipes.test_chain_verify_controls import CFGS, SMALL, ctl, run
 
 CC = importlib.import_module("recipes._controls_core")
 GC = importlib.import_module("recipes._gumbel_core")
@@ -128,10 +127,4 @@ def test_check_decides_or_falls_through(device):
           "positions": torch.arange(B, device=device) * 3}
     d = torch.randint(0, V, (B, K), generator=g).to(device)
     c = ctl(device, top_p=[0.9, 1e-3, 0.95, 0.9, 0.5, 0.999], min_p=[0.0, 0.0, 0.0, 0.2, 0.0, 0.01])
-    first = None
-    for cfg in (*CFGS, {**SMALL, "SPLIT": 2}):
-        got = recipes.chain_verify(x, d, config=cfg, **kw, **c)
-        check(x, d, {**kw, **c}, got)
-        first = first or got
-        for a, b in zip(got, first, strict=True):
-            assert_equal(a, b, f"cfg={cfg}")
+    run(x, d, {**kw, **c}, cfgs=(*CFGS, {**SMALL, "SPLIT": 2}))
