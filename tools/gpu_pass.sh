@@ -3,8 +3,9 @@
 #
 #   tools/gpu_pass.sh [--out DIR] [--wheels DIR] STEP...
 #
-#   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)   (over 9 min, H100)
-#   test1, test2  its two halves (every other test file), each for a job of its own
+#   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)   (over 15 min, H100)
+#   test1 .. testN  its N = $TEST_SHARDS shards (default 3; every Nth test file in
+#             sorted order), each for a job of its own (~6 min each, H100)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
 #   fresh     the same as a new GPU meets it: no table, an empty Triton cache, into a
 #             temporary results root; only its report is kept, as
@@ -39,9 +40,10 @@
 # without an index into a private folder put first on PYTHONPATH. The checkout itself is imported
 # from the repository root (PYTHONPATH), nothing is installed into the environment.
 # Overrides: PYTHON (default python3), TUNE_ARGS, QUALITY_ARGS, EXAMPLE_ARGS, BENCH_ARGS
-# (extra arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS, PYTEST_WORKERS
-# (with pytest-xdist; default min(12, cores)), RETUNE_RECIPES, RETUNE_BUDGET_S, STEP_TIMEOUT
-# (seconds a step may run, default 570).
+# (extra arguments of every bench step), BENCH_MAX_S (default 500), PYTEST_ARGS,
+# PYTEST_WORKERS (with pytest-xdist; default min(12, cores)), TEST_SHARDS (default 3),
+# RETUNE_RECIPES, RETUNE_BUDGET_S, STEP_TIMEOUT (seconds a step may run, default 570; the
+# step is interrupted 20 s before, so that it writes its summary).
 set -u
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 PY=${PYTHON:-python3}
@@ -86,9 +88,15 @@ others() {    # every registered suite not in $bench1, comma-separated
 run_step() {  # name, command...: the command under the step limit, its log, a summary line
   local name=$1; shift
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  # SIGINT 20 s before the limit, so that pytest, the tuner and the bench write what they
+  # have (pytest its summary of failures); killed at the limit
+  timeout -s INT -k 20 "$((limit > 40 ? limit - 20 : limit))" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  echo "$name: rc=$rc, $((SECONDS - t0)) s: $(tail -1 "$out/$name.log")" | tee -a "$out/summary.txt"
+  local last               # pytest's count line (an interrupt's traceback follows it)
+  last=$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped)' "$out/$name.log" | tail -1)
+  [ -n "$last" ] || last=$(tail -1 "$out/$name.log")
+  [ $rc -eq 124 ] && last="interrupted at the step limit: $last"
+  echo "$name: rc=$rc, $((SECONDS - t0)) s: $last" | tee -a "$out/summary.txt"
   return $rc
 }
 
@@ -105,18 +113,22 @@ status=0
 for step in "${steps[@]}"; do
   pack
   case $step in
-    test|test1|test2)
+    test|test[1-9])
       workers=()
       cores=$(nproc 2>/dev/null || echo 4)
       "$PY" -c "import xdist" 2>/dev/null \
         && workers=(-n "${PYTEST_WORKERS:-$((cores < 12 ? cores : 12))}")
       files=()
-      if [ "$step" != test ]; then    # every other test file, in sorted order
+      if [ "$step" != test ]; then    # every Nth test file, in sorted order
+        n=${TEST_SHARDS:-3} k=${step#test}
+        [ "$k" -le "$n" ] || { echo "gpu_pass: $step: expected test1 .. test$n" \
+                                    "(TEST_SHARDS=$n), got $step" >&2; exit 2; }
         mapfile -t files < <(find tests -name 'test_*.py' | sort \
-                             | awk -v k="${step#test}" 'NR % 2 == k % 2')
+                             | awk -v n="$n" -v k="$k" 'NR % n == k % n')
       fi
       SPEC_TEST_DEVICE=cuda run_step "$step" "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} \
-        -rfs -p no:cacheprovider ${PYTEST_ARGS:-} ${files[@]+"${files[@]}"} || status=1 ;;
+        -rfs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${files[@]+"${files[@]}"} \
+        || status=1 ;;
     tune)
       run_step tune "$PY" -m autotune tune ${TUNE_ARGS:---no-progress} || status=1
       wrote_results=1 ;;
@@ -185,8 +197,8 @@ for step in "${steps[@]}"; do
           | tee -a "$out/summary.txt"; status=1
       fi
       wrote_results=1 ;;
-    *) echo "gpu_pass: unknown step $step (test tune fresh retune quality bench bench1 bench2" \
-            "example stages sampled-stages costs targets)" >&2
+    *) echo "gpu_pass: unknown step $step (test test1 .. testN tune fresh retune quality" \
+            "bench bench1 bench2 example stages sampled-stages costs targets)" >&2
        exit 2 ;;
   esac
 done
