@@ -15,14 +15,36 @@ from recipes.chain_verify import (
 )
 
 
-def torch_sampling(logits, draft_tokens, temperature):
+def torch_controls(probs, top_k=None, top_p=None, min_p=None):
+    """probs [R, V] filtered by the sampling controls ([R] each, None: not given) as
+    engines' torch samplers filter them, by one sort: probabilities below min_p times
+    the row's largest dropped, then all but the top_k largest (<= 0: off), then the
+    smallest prefix holding top_p of what is left (renormalised; >= 1: off) kept."""
+    ps, idx = torch.sort(probs, dim=-1, descending=True)
+    if min_p is not None:
+        ps = torch.where(ps >= min_p[:, None] * ps[:, :1], ps, 0.0)
+    if top_k is not None:
+        j = torch.arange(ps.shape[1], device=ps.device)[None, :]
+        ps = torch.where((j < top_k[:, None]) | (top_k[:, None] <= 0), ps, 0.0)
+    if top_p is not None:
+        ps = ps / ps.sum(dim=-1, keepdim=True)
+        keep = (torch.cumsum(ps, dim=-1) - ps < top_p[:, None]) | (top_p[:, None] >= 1)
+        ps = torch.where(keep, ps, 0.0)
+    return torch.zeros_like(probs).scatter_(1, idx, ps)
+
+
+def torch_sampling(logits, draft_tokens, temperature, **controls):
     """The usual torch sampling pipeline as a peer (not the same random stream, so not
-    the same tokens): softmax(logits / T) per row, the exponential race
+    the same tokens): softmax(logits / T) per row, the controls (`torch_controls`,
+    per-request tensors top_k / top_p / min_p) where given, the exponential race
     argmax(probs / Exp(1) noise), then the accept logic."""
     B, K = draft_tokens.shape
     x = logits.reshape(B * (K + 1), logits.shape[-1]).float()
     t = temperature.float().repeat_interleave(K + 1)[:, None]
     probs = torch.softmax(x / t, dim=-1)
+    if controls:
+        probs = torch_controls(probs, **{n: c.repeat_interleave(K + 1)
+                                         for n, c in controls.items()})
     tok = torch.argmax(probs / torch.empty_like(probs).exponential_(), dim=-1)
     return accept(tok.view(B, K + 1), draft_tokens)
 
@@ -67,7 +89,10 @@ def mixed_controls(B: int, device) -> dict:
 
 def _peer(inp):
     x, d, kw = inp
-    return torch_sampling(x, d, kw["temperature"]) if kw else reference(x, d)
+    if not kw:
+        return reference(x, d)
+    return torch_sampling(x, d, kw["temperature"],
+                          **{n: kw[n] for n in ("top_k", "top_p", "min_p") if n in kw})
 
 
 def bytes_moved(key: dict) -> int:

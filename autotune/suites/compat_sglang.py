@@ -330,14 +330,7 @@ def _torch_sampled(s: dict):
     x = s["x"].float() / s["T"].repeat_interleave(N, dim=0)
     p = torch.softmax(x, dim=-1)
     if s["c"]:
-        ps, idx = torch.sort(p, dim=-1, descending=True)
-        k = s["c"]["top_ks"].repeat_interleave(N)[:, None]
-        j = torch.arange(ps.shape[1], device=ps.device)[None, :]
-        ps = torch.where(j < k, ps, 0.0)
-        ps = ps / ps.sum(dim=-1, keepdim=True)
-        top_p = s["c"]["top_ps"].repeat_interleave(N)[:, None]
-        ps = torch.where(torch.cumsum(ps, dim=-1) - ps < top_p, ps, 0.0)
-        p = torch.zeros_like(p).scatter_(1, idx, ps)
+        p = CV.torch_controls(p, **{n[:-1]: t.repeat_interleave(N) for n, t in s["c"].items()})
     tok = torch.argmax(p / torch.empty_like(p).exponential_(), dim=-1)
     return S._sglang_fields(CV_accept(tok.view(B, N), s["drafts"]), s["cand"], s["seq"])
 

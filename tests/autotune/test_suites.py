@@ -265,3 +265,33 @@ def test_chain_verify_tunes_the_controls_mode(device):
     assert got == [{n: pytest.approx(v) for n, v in m.items()} for m in MIX]
     assert t.equal(t.run(inp, t.heuristic(key, device)), t.reference(inp))
     assert t.bytes_moved(key) > t.bytes_moved({**key, "mode": "sampled"})
+
+
+def test_torch_peer_applies_the_controls(device):
+    """The torch peer of a controls key filters as torch samplers do: off values keep
+    every id, top_k = 1, a tiny top_p or min_p = 1 keep only the
+    row's largest, and the controls key's peer samples under its request's controls."""
+    from autotune.suites.chain_verify import torch_controls
+    from recipes.chain_verify import tune_key
+
+    g = torch.Generator(device=device).manual_seed(3)
+    probs = torch.softmax(torch.randn(5, 300, generator=g, device=device), dim=-1)
+    R = probs.shape[0]
+    off = torch_controls(probs, top_k=torch.tensor([0, -1, 0, -5, 0], device=device),
+                         top_p=torch.ones(R, device=device), min_p=torch.zeros(R, device=device))
+    assert bool((off > 0).all())                   # every id kept
+    top = probs.argmax(dim=-1)
+    for ctl in ({"top_k": torch.ones(R, dtype=torch.int64, device=device)},
+                {"top_p": torch.full((R,), 1e-6, device=device)},
+                {"min_p": torch.ones(R, device=device)}):
+        kept = torch_controls(probs, **ctl) > 0
+        assert kept.sum(dim=-1).tolist() == [1] * R, ctl
+        assert_equal(kept.float().argmax(dim=-1), top)
+    k3 = torch_controls(probs, top_k=torch.full((R,), 3, device=device)) > 0
+    assert_equal(k3, torch.zeros_like(k3).scatter_(1, probs.topk(3, dim=-1).indices, True))
+
+    t = get("chain_verify")
+    key = tune_key(torch.float32, 2000, 3, 2, True, True)      # float32: no tied maxima
+    x, d, kw = t.make_inputs(key, device, 0)
+    kw["top_k"] = torch.ones(3, dtype=torch.int64, device=device)
+    assert_equal(t.torch_peer((x, d, kw)).tokens, t.reference((x, d, {})).tokens)
