@@ -5,7 +5,7 @@
 #
 #   test      the test suite on the GPU (SPEC_TEST_DEVICE=cuda)   (over 15 min, H100)
 #   test1 .. testN  its N = $TEST_SHARDS shards (default 3; every Nth test file in
-#             sorted order), each for a job of its own (~6 min each, H100)
+#             sorted order), each for a job of its own (4-7 min each on an H100)
 #   tune      python -m autotune tune: the default key set                (< 8 min)
 #   fresh     the same as a new GPU meets it: no table, an empty Triton cache, into a
 #             temporary results root; only its report is kept, as
@@ -14,8 +14,10 @@
 #             fresh store within RETUNE_BUDGET_S s (default 200): their tables replace
 #             those in results/<gpu>/, the run's report goes to
 #             DIR/retune-<recipes>-report.json beside retune.log; tune-report.json
-#             (the last full tune's) is left as it is. For a table that a kernel change
-#             made stale, before a bench
+#             (the last full tune's) is left as it is. A tune cut short by the step
+#             limit still replaces the tables it wrote (the keys it finished); the
+#             summary names the recipes it did not write. For a table that a kernel
+#             change made stale, before a bench
 #   quality   python -m autotune quality: tuner vs exhaustive optimum     (~5 min)
 #   bench     python -m autotune bench: every suite, capped at BENCH_MAX_S s
 #   bench1    the bench over $BENCH1_SUITES (default chain_verify,chain_verify_sampled)
@@ -145,13 +147,22 @@ for step in "${steps[@]}"; do
       [ -n "${RETUNE_RECIPES:-}" ] || { echo "gpu_pass: retune needs RETUNE_RECIPES" >&2; exit 2; }
       tag=${RETUNE_RECIPES//,/-}
       store=$(mktemp -d)
-      if run_step retune "$PY" -m autotune tune --recipe "$RETUNE_RECIPES" --results "$store" \
-          --storage "$store/studies.journal" --budget-s "${RETUNE_BUDGET_S:-200}" --no-progress
-      then
-        for r in ${RETUNE_RECIPES//,/ }; do cp "$store/$slug/$r.json" "$results/" || status=1; done
-        cp "$store/$slug/tune-report.json" "$out/retune-$tag-report.json"
-      else status=1
-      fi
+      run_step retune "$PY" -m autotune tune --recipe "$RETUNE_RECIPES" --results "$store" \
+        --storage "$store/studies.journal" --budget-s "${RETUNE_BUDGET_S:-200}" --no-progress \
+        || status=1
+      # an interrupted tune has written the tables of the keys it finished: those
+      # replace the stale ones too (dispatch serves the keys it did not reach as
+      # any untuned key: a near tuned one, else the heuristic)
+      copied=() missing=()
+      for r in ${RETUNE_RECIPES//,/ }; do
+        if [ -f "$store/$slug/$r.json" ] && cp "$store/$slug/$r.json" "$results/"
+        then copied+=("$r"); else missing+=("$r"); status=1
+        fi
+      done
+      [ -f "$store/$slug/tune-report.json" ] \
+        && cp "$store/$slug/tune-report.json" "$out/retune-$tag-report.json"
+      echo "retune: tables replaced: ${copied[*]:-none}; not written: ${missing[*]:-none}" \
+        | tee -a "$out/summary.txt"
       wrote_results=1 ;;
     quality)
       run_step quality "$PY" -m autotune quality ${QUALITY_ARGS:---no-progress} || status=1
