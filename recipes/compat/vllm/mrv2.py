@@ -77,7 +77,9 @@ sampled rows' statistics (chi-square over seeds); tests/recipes/
 test_compat_vllm_controls.py with min-p/top-k/top-p against `reference` (chain_verify's
 semantics row by row, the spec's tolerances), ragged and empty requests, states out of
 the tables, out=, the launch count and the statistics;
-tests/recipes/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
+tests/recipes/test_compat_vllm_parity.py against vLLM 0.33.0's own function where vLLM is
+installed (greedy, bit for bit; on the argmax corner cases only the requests holding a
+NaN differ; compiled on CUDA, under the Triton interpreter on the CPU).
 """
 from __future__ import annotations
 

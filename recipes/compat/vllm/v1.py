@@ -77,7 +77,9 @@ NaN rows, out=, B = 0/1/odd, int32/int64), one launch counted, and the sampled r
 statistics (chi-square over seeds); tests/recipes/test_compat_vllm_controls.py with
 top-k/top-p against `reference` (chain_verify's semantics row by row, the spec's
 tolerances), ragged and empty requests, out=, the launch count and the statistics;
-tests/recipes/test_compat_vllm_parity.py against an installed vLLM (on CUDA).
+tests/recipes/test_compat_vllm_parity.py against vLLM 0.33.0's own function where vLLM is
+installed (greedy, bit for bit, the argmax corner cases included; compiled on CUDA, under
+the Triton interpreter on the CPU).
 """
 from __future__ import annotations
 
