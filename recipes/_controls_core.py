@@ -45,9 +45,10 @@ SELECT_BLOCK, SELECT_WARPS = 1024, 4    # `row_threshold`'s tile and warps (one 
 CAP = 32        # top_k up to this: the candidate path (the row's CAP largest pk)
 SUB = 512       # ids a step of the candidate pass (more: more registers, fewer programs an SM)
 NC = 128        # a chunk's compaction slots (ids at or above its lane-max cut)
-GROUP = 16      # the row merge's fallback: GROUP - 1 chunk lists and the running CAP at a time
+MN = 256        # the row merge's sort: all lists up to MN entries, else those at the row cut
 RS = tl.constexpr(16)   # steps of a chunk's CAP selected lanes compacted at a time
-LG = tl.constexpr(128)  # chunk lists whose last entries the row merge reads at a time
+LG = tl.constexpr(128)  # chunk lists whose entries the row cut reads at a time
+LOG_CAP = tl.constexpr(CAP.bit_length() - 1)    # the row cut's bounds: j = 1 .. CAP
 KEPT_FLOOR = tl.constexpr(3.0e38)   # restricted filtered scan: floor of a kept id's bound
 
 
@@ -454,62 +455,66 @@ def chunk_top_packed(row_ptr, lo, hi, T, IDB, buf_ptr, CAPK: tl.constexpr,
 
 
 @triton.jit
-def _row_top(cand_ptr, n_chunks, buf_ptr, CAPK: tl.constexpr, GROUP: tl.constexpr,
-             NCN: tl.constexpr):
-    """The CAPK largest of the chunks' lists cand[0:n_chunks*CAPK] (each descending;
-    put back to rest at PACKED_EMPTY), descending. The list whose last entry L is the
-    largest last entry holds CAPK entries >= L, so the row's CAPK largest are >= L:
-    those entries of every list go to buf[0:NCN] (resting at PACKED_EMPTY, left at
-    rest) and one sort of NCN picks them. Where more than NCN reach L, the lists are
-    merged GROUP - 1 at a time into the running CAPK instead."""
-    L = tl.full([], PACKED_EMPTY, tl.int64)
+def _row_cut(cand_ptr, n_chunks, CAPK: tl.constexpr):
+    """A lower bound of the row's CAPK-th largest pk from its chunks' lists
+    (cand[0:n_chunks*CAPK], each descending): for j = 1, 2, 4, .., CAPK, the (CAPK/j)-th
+    largest of the lists' j-th entries, which CAPK/j lists hold j entries at or above
+    each, so CAPK ids reach it; the largest of these bounds. Each j bounds how many
+    lists hold j entries at or above the cut (at most CAPK/j), so at most
+    CAPK * log2(CAPK) + 1 entries reach it (161 for CAPK = 32)."""
+    cut = tl.full([], PACKED_EMPTY, tl.int64)
     for g0 in range(0, n_chunks, LG):
         jj = g0 + tl.arange(0, LG)
-        last = tl.load(cand_ptr + jj * CAPK + CAPK - 1, mask=jj < n_chunks,
-                       other=PACKED_EMPTY, cache_modifier=".cg")
-        L = tl.maximum(L, tl.max(last, 0))
-    gj = tl.arange(0, GROUP)[:, None]
-    n = tl.zeros([], tl.int32)
-    for g0 in range(0, n_chunks, GROUP):
-        cj = (g0 + gj) * CAPK + tl.arange(0, CAPK)[None, :]
-        got = tl.load(cand_ptr + cj, mask=cj < n_chunks * CAPK, other=PACKED_EMPTY,
-                      cache_modifier=".cg")
-        n = _keep_append(tl.reshape(got, [GROUP * CAPK]),
-                         tl.reshape((got >= L) & (got != PACKED_EMPTY), [GROUP * CAPK]), n,
-                         buf_ptr, NCN)
-    tl.debug_barrier()                 # every thread's stores before the read-back
-    j = tl.arange(0, NCN)
-    b = tl.atomic_xchg(buf_ptr + j, tl.full([NCN], PACKED_EMPTY, tl.int64),
-                       mask=j < tl.minimum(n, NCN), sem="relaxed")
-    if n <= NCN:
-        c = tl.topk(tl.where(j < n, b, PACKED_EMPTY), CAPK)
+        for e in tl.static_range(LOG_CAP + 1):
+            col = tl.load(cand_ptr + jj * CAPK + (1 << e) - 1, mask=jj < n_chunks,
+                          other=PACKED_EMPTY, cache_modifier=".cg")
+            if e == LOG_CAP:
+                b = tl.max(col, 0)
+            else:
+                b = tl.min(tl.topk(col, CAPK >> e), 0)
+            cut = tl.maximum(cut, b)
+    return cut
+
+
+@triton.jit
+def row_top(cand_ptr, n_chunks, buf_ptr, CAPK: tl.constexpr, MN: tl.constexpr):
+    """The CAPK largest of the chunks' lists cand[0:n_chunks*CAPK] (each descending;
+    put back to rest at PACKED_EMPTY), descending. Up to MN entries in all: one sort of
+    them. More: the entries at or above `_row_cut` (at most 161 <= MN: the row's CAPK
+    largest among them) go to buf[0:MN] (scratch resting at PACKED_EMPTY, left at
+    rest), and one sort of those."""
+    j = tl.arange(0, MN)
+    total = n_chunks * CAPK
+    if total <= MN:
+        c = tl.topk(tl.load(cand_ptr + j, mask=j < total, other=PACKED_EMPTY,
+                            cache_modifier=".cg"), CAPK)
     else:
-        cj = (gj - 1) * CAPK + tl.arange(0, CAPK)[None, :]
-        c = tl.full([CAPK], PACKED_EMPTY, tl.int64)
-        for g0 in range(0, n_chunks, GROUP - 1):
-            live = (gj > 0) & (g0 * CAPK + cj < n_chunks * CAPK)
-            got = tl.load(cand_ptr + g0 * CAPK + cj, mask=live, other=PACKED_EMPTY,
+        cut = _row_cut(cand_ptr, n_chunks, CAPK)
+        n = tl.zeros([], tl.int32)
+        for g0 in range(0, total, MN):
+            got = tl.load(cand_ptr + g0 + j, mask=g0 + j < total, other=PACKED_EMPTY,
                           cache_modifier=".cg")
-            got = tl.where(live, got, tl.where(gj == 0, c[None, :], PACKED_EMPTY))
-            c = tl.topk(tl.reshape(got, [GROUP * CAPK]), CAPK)
-    for g0 in range(0, n_chunks, GROUP):
-        cj = (g0 + gj) * CAPK + tl.arange(0, CAPK)[None, :]
-        tl.store(cand_ptr + cj, tl.full([GROUP, CAPK], PACKED_EMPTY, tl.int64),
-                 mask=cj < n_chunks * CAPK)
+            n = _keep_append(got, (got >= cut) & (got != PACKED_EMPTY), n, buf_ptr, MN)
+        tl.debug_barrier()             # every thread's stores before the read-back
+        b = tl.atomic_xchg(buf_ptr + j, tl.full([MN], PACKED_EMPTY, tl.int64), mask=j < n,
+                           sem="relaxed")
+        c = tl.topk(tl.where(j < n, b, PACKED_EMPTY), CAPK)
+    for g0 in range(0, total, MN):
+        tl.store(cand_ptr + g0 + j, tl.full([MN], PACKED_EMPTY, tl.int64), mask=g0 + j < total)
     return c
 
 
 @triton.jit
 def candidates_packed(cand_ptr, n_chunks, row_ptr, T, seed, ctr, k, p, mp, IDB, buf_ptr,
                       HAS_P: tl.constexpr, HAS_M: tl.constexpr, CAPK: tl.constexpr,
-                      GROUP: tl.constexpr, NCN: tl.constexpr):
+                      MN: tl.constexpr):
     """The sampled token of a row whose top_k (k) is at most CAPK, as a packed exact
     score: the row's CAPK largest pk are the largest of its chunks' lists
-    (cand[0:n_chunks*CAPK], read and put back to rest; `_row_top`, buf: NCN scratch
+    (cand[0:n_chunks*CAPK], read and put back to rest; `row_top`, buf: MN scratch
     slots at rest); min_p, top_k and top_p are then applied to that sorted list
     as `row_threshold` applies them to the row (the same masses and comparisons, so the
     same kept set), and only the kept ids are scored."""
-    c = _row_top(cand_ptr, n_chunks, buf_ptr, CAPK, GROUP, NCN)
+    c = row_top(cand_ptr, n_chunks, buf_ptr, CAPK, MN)
     i = tl.arange(0, CAPK)
     valid = c != PACKED_EMPTY
     zkey = tl.max(c, 0) >> IDB

@@ -257,7 +257,7 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
                             CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
-                            GROUP: tl.constexpr, SEL_BLOCK: tl.constexpr,
+                            MN: tl.constexpr, SEL_BLOCK: tl.constexpr,
                             PHASES: tl.constexpr, PCHECK: tl.constexpr,
                             TBLOCKS: tl.constexpr, LB: tl.constexpr,
                             SGLANG: tl.constexpr):
@@ -343,7 +343,7 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                 packed = CC.candidates_packed(cand_ptr + row * n_split * CAPK, n_split,
                                               row_ptr, T, seed, (pos + j).to(tl.uint32), k,
                                               p, mp, IDB, comp_ptr + row * n_split * NCN,
-                                              HAS_P, HAS_M, CAPK, GROUP, NCN)
+                                              HAS_P, HAS_M, CAPK, MN)
                 tl.store(rcnt_ptr + row, 0)
                 if publish_packed(packed, acc_ptr + row, cnt_ptr + b) == K:
                     _verify_finalize(acc_ptr, cnt_ptr, d, tokens_ptr, accept_ptr, bonus_ptr,
@@ -666,7 +666,7 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, **flags, CAPK=CC.CAP,
-        SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, GROUP=CC.GROUP,
+        SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC, MN=CC.MN,
         SEL_BLOCK=256 * cfg["num_warps"], PHASES=phases, PCHECK=has_p, TBLOCKS=blocks,
         LB=32 * cfg["num_warps"], SGLANG=sglang is not None, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])

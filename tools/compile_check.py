@@ -35,7 +35,7 @@ def _base(num_warps: int) -> dict:
 
 def kernels():
     """name -> (jit function, constexprs, num_warps)."""
-    controls = dict(HAS_K=True, HAS_P=True, HAS_M=True, CAPK=32, SUBN=512, NCN=128, GROUP=16,
+    controls = dict(HAS_K=True, HAS_P=True, HAS_M=True, CAPK=32, SUBN=512, NCN=128, MN=256,
                     PHASES=TC.NPH, PCHECK=True, TBLOCKS=3 + TC.NPH)
     out = {}
     for w in (4, 8):

@@ -14,7 +14,9 @@ pieces on the launch's chunks (R = B * (K + 1) rows, S chunks a row), each alone
     every control off  the recipe, every control passed and off (idle threshold blocks)
     lane max           per chunk, the lane-max pass that `chunk_top_packed` starts with
     chunk top          per chunk, the whole `chunk_top_packed` (lane max, compaction, sort)
-    row merge          per row, `candidates_packed` over S lists (top_k 20, top_p 0.95)
+    + row merge        chunk top, then per row `candidates_packed` over the S lists it
+                       left (top_k 20, top_p 0.95): two launches (the merge puts the
+                       lists back to rest, so it is priced on lists made again)
     top_k 20 top_p .95 the recipe (the candidate path)
     pk range           per chunk, `pk_range` (the threshold path's phase 0)
     best               per chunk, `_topp_core.chunk_best` (the top_p check's block 1)
@@ -60,7 +62,7 @@ EMPTY = PACKED_EMPTY.value     # scratch at rest
 def _stage_kernel(x_ptr, out_ptr, buf_ptr, cand_ptr, V, stride, T, seed, n_split,
                   tiles_per, IDB, zmax, STAGE: tl.constexpr, BLOCK_V: tl.constexpr,
                   CAPK: tl.constexpr, SUBN: tl.constexpr, NCN: tl.constexpr,
-                  GROUP: tl.constexpr, SEL: tl.constexpr, LB: tl.constexpr):
+                  MN: tl.constexpr, SEL: tl.constexpr, LB: tl.constexpr):
     pid = tl.program_id(0)
     if STAGE == 2 or STAGE == 5:                   # ROW_MERGE, MERGE_BEST: one a row
         r = pid
@@ -89,7 +91,7 @@ def _stage_kernel(x_ptr, out_ptr, buf_ptr, cand_ptr, V, stride, T, seed, n_split
         tl.store(out_ptr + pid, CC.candidates_packed(cand_ptr + r * n_split * CAPK, n_split,
                                                      row_ptr, T, seed, ctr, k, p, 0.0, IDB,
                                                      buf_ptr + r * n_split * NCN, True,
-                                                     False, CAPK, GROUP, NCN))
+                                                     False, CAPK, MN))
     elif STAGE == 3:
         pmax, pmin = CC.pk_range(row_ptr, lo, hi, T, IDB, SEL)
         tl.store(out_ptr + pid, pmax ^ pmin)
@@ -119,9 +121,16 @@ def stage_call(stage: int, x, cfg, scratch):
         _stage_kernel[grid](x, out, buf, cand, V, x.stride(0), T, 12345, split, tiles_per,
                             CC.id_bits(V), zmax, STAGE=stage, BLOCK_V=cfg["BLOCK_V"],
                             CAPK=CC.CAP, SUBN=min(CC.SUB, cfg["BLOCK_V"]), NCN=CC.NC,
-                            GROUP=CC.GROUP, SEL=256 * cfg["num_warps"],
+                            MN=CC.MN, SEL=256 * cfg["num_warps"],
                             LB=32 * cfg["num_warps"], num_warps=cfg["num_warps"])
     return call
+
+
+def stages_call(what, x, cfg, scratch):
+    """A call of one stage, or of a tuple of stages in turn."""
+    calls = [stage_call(w, x, cfg, scratch) for w in (what if isinstance(what, tuple)
+                                                      else (what,))]
+    return lambda state: [c(state) for c in calls]
 
 
 def row_for(B: int, dev):
@@ -142,7 +151,7 @@ def recipe_call(name: str, x, d, kw, B: int, dev):
 
 
 ROWS = (("temperature only", "temperature only"), ("every control off", "controls_off"),
-        ("lane max", LANE_MAX), ("chunk top", CHUNK_TOP), ("row merge", ROW_MERGE),
+        ("lane max", LANE_MAX), ("chunk top", CHUNK_TOP), ("+ row merge", (CHUNK_TOP, ROW_MERGE)),
         ("top_k 20 top_p .95", "controls_topk_topp"), ("pk range", PK_RANGE),
         ("best", BEST), ("merge best", MERGE_BEST), ("masses above", MASSES),
         ("top_p 0.9", "controls_topp"), ("min_p 0.05", "controls_minp"))
@@ -160,7 +169,7 @@ def main(batches=(1, 8, 64), jobs: int = 8):
         plans.append(f"B={B}: {cfg} ({split} chunks a row)")
         for label, what in ROWS:
             call = (recipe_call(what, x, d, kw, B, dev) if isinstance(what, str)
-                    else stage_call(what, x, cfg, scratch))
+                    else stages_call(what, x, cfg, scratch))
             call(None)
             torch.cuda.synchronize()
             t = time_graph(call, [None], reps=20, behind=behind)

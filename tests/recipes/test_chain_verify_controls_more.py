@@ -6,6 +6,8 @@ import random
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import recipes
 from tests.helpers import ON_GPU, assert_equal
@@ -29,12 +31,12 @@ def test_top_k_at_the_candidate_cap(device):
 
 
 def test_candidates_merged_over_many_chunks(device):
-    """A row in more chunks than one merge step takes (GROUP - 1 lists): the lists are
-    merged in turns into the running CAP largest."""
-    V = (2 * CC.GROUP + 3) * 1024
+    """A row in more chunk lists than one sort of MN entries holds: the merge sorts the
+    entries at or above the row cut."""
+    V = (2 * CC.MN // CC.CAP + 3) * 1024
     x, d, kw = case(2, 0, V, device, seed=17)
     cfg = {**SMALL, "SPLIT": 64}
-    assert AC.split_plan(V, 1024, 64)[0] > 2 * (CC.GROUP - 1)
+    assert AC.split_plan(V, 1024, 64)[0] * CC.CAP > CC.MN
     run(x, d, {**kw, **ctl(device, top_k=[20, 32], top_p=[0.9, 0.5])}, cfgs=(cfg,))
 
 
@@ -70,20 +72,82 @@ def test_candidate_overflow_fallback(device):
     run(x, d, {**kw, **ctl(device, top_k=[20, 32], top_p=[0.9, 1.0])}, cfgs=(one,))
 
 
-def test_candidate_merge_fallback(device):
-    """The row merge reads the entries of every chunk list at or above L, the largest
-    list's last entry; where more than NC reach it (the row's largest interleaved over
-    the chunks: chunk j holds ranks j, j + n, ...), the lists are merged in turns
-    instead. The second row is a plain one (the sort of the entries at or above L)."""
-    n, V = 8, 8 * 1024
-    one = {"BLOCK_V": 1024, "SPLIT": n, "num_warps": 4, "num_stages": 1, "UNROLL": 1,
+def row_cut(lists: torch.Tensor) -> torch.Tensor:
+    """`_controls_core._row_cut` in torch: lists [n, CAP], each descending."""
+    cut = torch.tensor(float("-inf"))
+    for e in range(CC.CAP.bit_length()):
+        col = lists[:, (1 << e) - 1].sort(descending=True).values
+        r = CC.CAP >> e
+        if len(col) >= r:
+            cut = torch.maximum(cut, col[r - 1])
+    return cut
+
+
+@triton.jit
+def _row_top_kernel(cand_ptr, n_chunks, buf_ptr, out_ptr, CAPK: tl.constexpr,
+                    MN: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, CAPK), CC.row_top(cand_ptr, n_chunks, buf_ptr, CAPK, MN))
+
+
+def merged(lists: torch.Tensor) -> torch.Tensor:
+    """`_controls_core.row_top` of packed lists [n, CAP] (each descending); checks that
+    the lists and the scratch are back at rest."""
+    n = lists.shape[0]
+    empty = -2**63
+    cand = lists.reshape(-1).clone()
+    buf = torch.full((max(n * CC.NC, CC.MN),), empty, dtype=torch.int64, device=lists.device)
+    out = torch.empty(CC.CAP, dtype=torch.int64, device=lists.device)
+    _row_top_kernel[(1,)](cand, n, buf, out, CAPK=CC.CAP, MN=CC.MN)
+    assert (cand == empty).all() and (buf == empty).all()
+    return out
+
+
+def packed_lists(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The chunks' lists of a float row x cut into n chunks: the CAP largest distinct
+    int64 keys (the float's order, then the id) of each chunk, descending."""
+    key = x.double().argsort().argsort() * x.numel() + torch.arange(x.numel())
+    return key.view(n, -1).topk(CC.CAP, dim=1).values
+
+
+@pytest.mark.parametrize("n", [1, 8, 9, 35, 128])
+def test_row_merge_keeps_the_rows_largest(n, device):
+    """The row merge returns the CAP largest entries of the chunk lists: one sort where
+    they fit MN, else the sort of the entries at the row cut; random rows, a flat row
+    (its largest all in the first chunk) and rows whose largest alternate over the
+    chunks."""
+    g = torch.Generator().manual_seed(n)
+    rows = [torch.randn(n * 64, generator=g), torch.zeros(n * 64),
+            -(torch.arange(n * 64).view(64, n).t().reshape(-1)).float()]
+    for x in rows:
+        lists = packed_lists(x, n)
+        want = lists.reshape(-1).topk(CC.CAP).values
+        assert_equal(merged(lists.to(device)).cpu(), want)
+
+
+def test_candidate_merge_at_a_crowded_cut(device):
+    """Many list entries at the row cut: the largest ids laid out so that each bound of
+    the cut falls just short (one list holds 31 of them, two 15, four 7, eight 3, 17
+    one each, the smallest in a list of one), 130 entries reach it, more than NC; the
+    merge's sort of MN holds them (at most CAP * log2(CAP) + 1 can reach it). The second
+    row is an ordinary one."""
+    n, V = 35, 35 * 1024
+    one = {"BLOCK_V": 1024, "SPLIT": 64, "num_warps": 4, "num_stages": 1, "UNROLL": 1,
            "EXACT": 0}
+    assert AC.split_plan(V, 1024, 64)[0] == n
     g = torch.Generator().manual_seed(19)
-    x = torch.randn(2, V, generator=g) - 10.0
-    rank = torch.arange(CC.CAP * n)
-    x[0, (rank % n) * 1024 + rank // n] = -0.01 * rank.float()
+    x = torch.randn(2, V, generator=g) * 0.1 - 10.0
+    held = [31] + [15] * 2 + [7] * 4 + [3] * 8 + [1] * 17
+    rank = 0
+    for c, m in enumerate(held):
+        for i in range(m):
+            x[0, c * 1024 + 31 * i + 5] = -0.01 * rank
+            rank += 1
     lists = x[0].view(n, 1024).topk(CC.CAP, dim=1).values
-    assert (lists >= lists[:, -1].max()).sum() > CC.NC
+    keys = packed_lists(x[0], n)
+    assert_equal(merged(keys.flip(0).contiguous().to(device)).cpu(),
+                 keys.reshape(-1).topk(CC.CAP).values)
+    crowd = int((lists >= row_cut(lists)).sum())
+    assert CC.NC < crowd == sum(held) <= CC.MN
     x[1] = torch.randn(V, generator=g)
     x = x.to(device)
     d = torch.empty(2, 0, dtype=torch.int64, device=device)
