@@ -251,8 +251,8 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             rcnt_ptr, st_ptr, temp_ptr, seed_ptr, pos_ptr, topk_ptr, topp_ptr,
                             minp_ptr, V, K, stride_b, stride_j, stride_db, stride_dk,
                             stride_t, stride_s, stride_p, stride_k, stride_tp, stride_mp,
-                            n_split, tiles_per, IDB, seq_ptr, stride_seq, sg_draft_ptr,
-                            sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
+                            n_split, tiles_per, t_split, t_tiles, IDB, seq_ptr, stride_seq,
+                            sg_draft_ptr, sg_index_ptr, sg_lens_ptr, sg_seq_ptr,
                             BLOCK_V: tl.constexpr, KP1: tl.constexpr, UNROLL: tl.constexpr,
                             VEC: tl.constexpr, EXACT: tl.constexpr, MAXC: tl.constexpr,
                             HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
@@ -261,10 +261,11 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
                             PHASES: tl.constexpr, PCHECK: tl.constexpr,
                             TBLOCKS: tl.constexpr, LB: tl.constexpr,
                             SGLANG: tl.constexpr):
-    """`_verify_kernel` with the sampling controls, one launch: TBLOCKS * R * n_split
-    threshold programs (blocks of R * n_split: phase 0, with PCHECK the two blocks of
-    the candidate check, then PHASES search blocks), then R * n_split scan programs (the
-    same chunks). Each row's request falls in one of four paths:
+    """`_verify_kernel` with the sampling controls, one launch: TBLOCKS * R * t_split
+    threshold programs (blocks of R * t_split, chunks of t_tiles tiles: phase 0, with
+    PCHECK the two blocks of the candidate check, then PHASES search blocks), then
+    R * n_split scan programs (chunks of tiles_per tiles). Each row's request falls in
+    one of four paths:
 
     * candidate (sampled, top_k on and at most CAPK): each scan program puts its
       chunk's CAPK largest pk (`_controls_core.chunk_top_packed`) in cand; the row's
@@ -286,31 +287,31 @@ def _controls_verify_kernel(logits_ptr, draft_ptr, tokens_ptr, accept_ptr, bonus
     The finishing program of a request puts its thresholds back to rest. SGLANG: the
     finish writes SGLang's layout as `_verify_kernel`'s does."""
     pid = tl.program_id(0)
-    R = tl.num_programs(0) // ((1 + TBLOCKS) * n_split)
-    if pid < TBLOCKS * R * n_split:
-        f = pid // (R * n_split)
-        pid = pid - f * R * n_split
-        r = pid // n_split
+    R = tl.num_programs(0) // (TBLOCKS * t_split + n_split)
+    if pid < TBLOCKS * R * t_split:
+        f = pid // (R * t_split)
+        pid = pid - f * R * t_split
+        r = pid // t_split
         b64 = (r // (K + 1)).to(tl.int64)
         T = tl.load(temp_ptr + b64 * stride_t).to(tl.float32)
         k, p, mp, on = CC.load_controls(topk_ptr, topp_ptr, minp_ptr, b64, stride_k,
                                         stride_tp, stride_mp, V, True, HAS_K, HAS_P, HAS_M)
         if (T > 0) & on & ~CC.small_k(k, V, CAPK):
-            chunk = pid - r * n_split
+            chunk = pid - r * t_split
             j = r - b64 * (K + 1)
             row_ptr = logits_ptr + b64 * stride_b + j * stride_j
-            lo = chunk * tiles_per * BLOCK_V
-            hi = tl.minimum(lo + tiles_per * BLOCK_V, V)
+            lo = chunk * t_tiles * BLOCK_V
+            hi = tl.minimum(lo + t_tiles * BLOCK_V, V)
             st = st_ptr + r.to(tl.int64) * TC.ROW
             seed = tl.load(seed_ptr + b64 * stride_s).to(tl.int64)
             ctr = (tl.load(pos_ptr + b64 * stride_p).to(tl.int64) + j).to(tl.uint32)
             TC.threshold_program(f, st, thr_ptr + r, rcnt_ptr + r, acc_ptr + 2 * R + r,
                                  acc_ptr + 3 * R + r, row_ptr, lo, hi, V, T, k, p, mp, IDB,
-                                 n_split, acc_ptr + r, cand_ptr + r * n_split * CAPK, chunk,
-                                 2 * tiles_per, seed, ctr, PHASES, LB, SEL_BLOCK, PCHECK,
+                                 t_split, acc_ptr + r, cand_ptr + r * n_split * CAPK, chunk,
+                                 2 * t_tiles, seed, ctr, PHASES, LB, SEL_BLOCK, PCHECK,
                                  BLOCK_V // 2)
     else:
-        pid = pid - TBLOCKS * R * n_split
+        pid = pid - TBLOCKS * R * t_split
         per_req = (K + 1) * n_split
         b = pid // per_req
         rem = pid - b * per_req
@@ -634,6 +635,17 @@ def validate_controls(top_k, top_p, min_p, sampling, B: int, device, names=CONTR
     return top_k, top_p, min_p
 
 
+def threshold_plan(V: int, block: int, split: int, tiles_per: int, R: int, sms: int):
+    """(chunks a row, tiles a chunk) of the controls launch's threshold programs. Every
+    block of them is R * chunks programs, and rows that need no threshold leave them
+    idle, each still a program to schedule: where the scan's chunks fill more than
+    4 programs an SM, the threshold programs take fewer, longer chunks, about one
+    program an SM in each block (P does not depend on the chunks: integer sums)."""
+    if R * split <= 4 * sms:
+        return split, tiles_per
+    return split_plan(V, block, C.cdiv(sms, R))
+
+
 def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j, sampling,
                     controls, sglang: tuple | None = None) -> None:
     """One launch of `_controls_verify_kernel`. Scratch in the split-reduction
@@ -655,14 +667,16 @@ def launch_controls(logits, draft_tokens, out, cfg, B, K, V, stride_b, stride_j,
     comp = acc[4 * R + n_cand:]
     phases = TC.NPH if has_k or has_p else 0
     blocks = 1 + phases + 2 * has_p
+    t_split, t_tiles = threshold_plan(V, cfg["BLOCK_V"], split, tiles_per, R,
+                                      C.sm_count(logits.device))
     search = C.SEARCH.get(logits.device, TC.state_size(R, phases), 1)[0] if phases else acc
     temp, seeds, pos, st, ss, sp = sampling_args(sampling, logits)
     ts, strides, flags = CC.control_args(controls, temp)
-    _controls_verify_kernel[((1 + blocks) * R * split,)](
+    _controls_verify_kernel[((blocks * t_split + split) * R,)](
         logits, draft_tokens, out.tokens, out.accept_len, out.bonus, out.select_index,
         acc, cnt, thr, cand, comp, cnt[B:], search, temp, seeds, pos, *ts, V, K, stride_b,
         stride_j, draft_tokens.stride(0), draft_tokens.stride(1), st, ss, sp, *strides, split,
-        tiles_per, CC.id_bits(V), *sglang_args(sglang, logits),
+        tiles_per, t_split, t_tiles, CC.id_bits(V), *sglang_args(sglang, logits),
         BLOCK_V=cfg["BLOCK_V"], UNROLL=cfg["UNROLL"], KP1=C.next_pow2(K + 1),
         VEC=lane_vec(logits.element_size(), cfg["BLOCK_V"], cfg["num_warps"]),
         EXACT=cfg.get("EXACT", 0), MAXC=MAXC, **flags, CAPK=CC.CAP,

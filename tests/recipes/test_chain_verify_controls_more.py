@@ -40,6 +40,33 @@ def test_candidates_merged_over_many_chunks(device):
     run(x, d, {**kw, **ctl(device, top_k=[20, 32], top_p=[0.9, 0.5])}, cfgs=(cfg,))
 
 
+def test_threshold_programs_in_chunks_of_their_own(device):
+    """Where the scan's chunks are many programs an SM, the threshold programs take
+    fewer, longer chunks (`threshold_plan`, here more than one a row); the rows that
+    search a threshold (top_p alone, top_k above CAP, min_p) give the same bits as with
+    the scan's chunks."""
+    gpu = device.type == "cuda"
+    B, K, V, n = (8, 1, 70000, 64) if gpu else (2, 1, 16000, 16)
+    x, d, kw = case(B, K, V, device, seed=23)
+    few, many = {**SMALL, "SPLIT": 4}, {**SMALL, "SPLIT": n}
+    for cfg in (few, many):
+        split, tiles = AC.split_plan(V, 1024, cfg["SPLIT"])
+        t_split = CV.threshold_plan(V, 1024, split, tiles, B * (K + 1),
+                                    CV.C.sm_count(x.device))[0]
+        assert (t_split < split) == (cfg is many) and t_split > 1
+    h = B // 2
+    for c in (ctl(device, top_p=[0.9, 0.3] * h), ctl(device, top_k=[40, 0] * h,
+                                                       top_p=[1.0, 0.8] * h),
+              ctl(device, top_k=[0, 60] * h, min_p=[0.05, 0.2] * h)):
+        run(x, d, {**kw, **c}, cfgs=(few, many))
+    # rows of zeros whose 40 largest sit in the last chunk: a threshold that missed
+    # part of the row would keep zeros, which then outnumber them
+    x = torch.zeros_like(x)
+    x[:, V - 50:V - 10] = 1.0
+    run(x, d, {**kw, **ctl(device, top_k=[40, 0] * h, min_p=[0.0, 0.5] * h)},
+        cfgs=(few, many))
+
+
 def test_candidates_when_V_is_below_the_cap(device):
     """V < CAP: the candidate lists are padded; top_k < V keeps the candidate path."""
     B, K, V = 4, 2, 20
