@@ -49,6 +49,7 @@ MN = 256        # the row merge's sort: all lists up to MN entries, else those a
 RS = tl.constexpr(16)   # steps of a chunk's CAP selected lanes compacted at a time
 LG = tl.constexpr(128)  # chunk lists whose entries the row cut reads at a time
 LOG_CAP = tl.constexpr(CAP.bit_length() - 1)    # the row cut's bounds: j = 1 .. CAP
+assert NC * (MN // CAP) >= MN    # `row_top`'s scratch: the row's chunk compaction slots
 KEPT_FLOOR = tl.constexpr(3.0e38)   # restricted filtered scan: floor of a kept id's bound
 
 
@@ -482,7 +483,8 @@ def row_top(cand_ptr, n_chunks, buf_ptr, CAPK: tl.constexpr, MN: tl.constexpr):
     put back to rest at PACKED_EMPTY), descending. Up to MN entries in all: one sort of
     them. More: the entries at or above `_row_cut` (at most 161 <= MN: the row's CAPK
     largest among them) go to buf[0:MN] (scratch resting at PACKED_EMPTY, left at
-    rest), and one sort of those."""
+    rest), and one sort of those. buf is read only then, when the row has more than
+    MN / CAPK chunks: their compaction slots (NC each) hold MN."""
     j = tl.arange(0, MN)
     total = n_chunks * CAPK
     if total <= MN:

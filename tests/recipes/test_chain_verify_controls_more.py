@@ -171,6 +171,7 @@ def test_candidate_merge_at_a_crowded_cut(device):
             rank += 1
     lists = x[0].view(n, 1024).topk(CC.CAP, dim=1).values
     keys = packed_lists(x[0], n)
+    # lists in reverse, so the list of 31 comes last: a sort short of the crowd drops some
     assert_equal(merged(keys.flip(0).contiguous().to(device)).cpu(),
                  keys.reshape(-1).topk(CC.CAP).values)
     crowd = int((lists >= row_cut(lists)).sum())
