@@ -1,11 +1,14 @@
 """Times chain_verify with the sampling controls at the issue's target shapes (H200:
 K=3, V=151936 bf16, T=0.7), behind a plain kernel in a CUDA graph (autotune.timing),
-against the temperature-only call on the same inputs. Prints a markdown table.
-Every (batch, case) is first called once in its own process (`--jobs`, default 8),
-so that the kernels compile in parallel into Triton's disk cache."""
+against the temperature-only call on the same inputs. Prints a markdown table at the
+end, and each time to stderr as it is measured (a run cut short keeps what it timed).
+Each distinct binary (a batch's config and which controls are passed) is first called
+once in its own process (`--jobs`, default 8), so that the kernels compile in parallel
+into Triton's disk cache: cold, the controls binaries take tens of seconds each."""
 import multiprocessing as mp
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, not tools/, first
@@ -50,10 +53,23 @@ def warm(job):
     torch.cuda.synchronize()
 
 
+def warm_jobs(batches) -> list:
+    """One (B, case) per binary: cases passing the same controls share one."""
+    seen = {}
+    for B in batches:
+        for name, c in CASES.items():
+            seen.setdefault((B, tuple(sorted(c))), (B, name))
+    return list(seen.values())
+
+
 def main(batches=(1, 8, 64), jobs: int = 8):
     if jobs > 1:
+        t0 = time.perf_counter()
+        todo = warm_jobs(batches)
         with mp.get_context("spawn").Pool(jobs) as pool:
-            pool.map(warm, [(B, n) for B in batches for n in CASES])
+            pool.map(warm, todo)
+        print(f"warm-up: {len(todo)} binaries in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
     dev = torch.device("cuda")
     rows = ["| case | " + " | ".join(f"B={b} us" for b in batches) + " |",
             "|---|" + "---|" * len(batches)]
@@ -66,6 +82,7 @@ def main(batches=(1, 8, 64), jobs: int = 8):
             call(state)
             t = time_graph(call, [state], reps=20, behind=plain_op(dev))
             res[name].append(statistics.median(t.samples))
+            print(f"B={B} {name}: {res[name][-1]:.2f} us", file=sys.stderr, flush=True)
     for name, ts in res.items():
         rows.append(f"| {name} | " + " | ".join(f"{t:.2f}" for t in ts) + " |")
     print("\n".join(rows))

@@ -159,7 +159,7 @@ ROWS = (("temperature only", "temperature only"), ("every control off", "control
 
 def main(batches=(1, 8, 64), jobs: int = 8):
     with mp.get_context("spawn").Pool(jobs) as pool:    # the recipe's binaries, in parallel
-        pool.map(P.warm, [(B, n) for B in batches for n in P.CASES])
+        pool.map(P.warm, P.warm_jobs(batches))
     dev = torch.device("cuda")
     res = {label: [] for label, _ in ROWS}
     plans = []
