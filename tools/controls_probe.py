@@ -2,9 +2,9 @@
 K=3, V=151936 bf16, T=0.7), behind a plain kernel in a CUDA graph (autotune.timing),
 against the temperature-only call on the same inputs. Prints a markdown table at the
 end, and each time to stderr as it is measured (a run cut short keeps what it timed).
-Each distinct binary (a batch's config and which controls are passed) is first called
-once in its own process (`--jobs`, default 8), so that the kernels compile in parallel
-into Triton's disk cache: cold, the controls binaries take tens of seconds each."""
+Each (batch, set of controls passed) is first called once in its own process (`--jobs`,
+default 8), so that the kernels compile in parallel into Triton's disk cache: cold, a
+controls binary takes tens of seconds."""
 import multiprocessing as mp
 import statistics
 import sys
@@ -54,7 +54,8 @@ def warm(job):
 
 
 def warm_jobs(batches) -> list:
-    """One (B, case) per binary: cases passing the same controls share one."""
+    """One (B, case) per set of controls passed: cases that differ only in values (top_k
+    20 and 50) share a binary."""
     seen = {}
     for B in batches:
         for name, c in CASES.items():

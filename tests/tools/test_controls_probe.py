@@ -6,7 +6,7 @@ def test_warm_jobs_one_per_binary_covering_every_case():
 
     jobs = P.warm_jobs((1, 8))
     binaries = [(B, tuple(sorted(P.CASES[n]))) for B, n in jobs]
-    assert len(binaries) == len(set(binaries))           # none compiled twice
+    assert len(binaries) == len(set(binaries))           # none warmed twice
     for B in (1, 8):                                      # every case's binary warmed
         for c in P.CASES.values():
             assert (B, tuple(sorted(c))) in binaries
