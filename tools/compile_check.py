@@ -3,14 +3,18 @@ ships), and print each one's registers. It catches what the interpreter accepts 
 compiler refuses (a module constant that is not tl.constexpr, a type that changes inside
 an `if`, a failing MLIR pass), before device time is spent on it.
 
-    python tools/compile_check.py [controls|sampled|all] [--arch 90]
+    python tools/compile_check.py [controls|sampled|all] [--arch 90] [--set K=V,..]
 
-Runs with TRITON_INTERPRET unset (it sets it to 0 for itself)."""
+Each line also gives the compile's seconds (with a warm Triton cache, its load: point
+TRITON_CACHE_DIR at an empty folder to time the compile). `--set` overrides constexprs,
+e.g. `--set HAS_K=0,PCHECK=0,TBLOCKS=5` for the top_p-only controls binary. Runs with
+TRITON_INTERPRET unset (it sets it to 0 for itself)."""
 import importlib
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -64,16 +68,39 @@ def compile_one(fn, meta: dict, num_warps: int, arch: int) -> str:
     return next((ln.strip() for ln in got.splitlines() if "REG:" in ln), "?")
 
 
+def _option(argv, flag: str, default: str) -> str:
+    if flag not in argv:
+        return default
+    i = argv.index(flag)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def overrides(text: str) -> dict:
+    """`K=V,..` -> {K: int(V)}; a constexpr the kernels do not take is refused."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not key or not sep or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--set: expected KEY=INTEGER items, got {item!r}")
+        out[key] = int(value)
+    return out
+
+
 def main(argv) -> int:
-    arch = 90
-    if "--arch" in argv:
-        i = argv.index("--arch")
-        arch = int(argv[i + 1])
-        del argv[i:i + 2]
+    arch = int(_option(argv, "--arch", "90"))
+    extra = overrides(_option(argv, "--set", ""))
     which = argv[0] if argv else "all"
     for name, (fn, meta, w) in kernels().items():
         if which == "all" or name.startswith(which):
-            print(f"{name}: {compile_one(fn, meta, w, arch)}", flush=True)
+            unknown = sorted(set(extra) - set(meta))
+            if unknown:
+                raise SystemExit(f"--set: {name} has no constexpr {unknown[0]!r}; it "
+                                 f"takes {sorted(meta)}")
+            t0 = time.perf_counter()
+            res = compile_one(fn, {**meta, **extra}, w, arch)
+            print(f"{name}: {res} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0
 
 

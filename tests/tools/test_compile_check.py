@@ -22,3 +22,18 @@ def test_controls_and_sampled_kernels_compile_for_sm90():
     assert got.returncode == 0, got.stderr[-3000:]
     lines = got.stdout.splitlines()
     assert len(lines) == 4 and all("REG:" in ln for ln in lines), got.stdout
+
+
+
+@pytest.mark.parametrize("bad, says", [("HAS_K", "KEY=INTEGER"), ("HAS_K=yes", "KEY=INTEGER"),
+                                       ("=1", "KEY=INTEGER"),
+                                       ("FOO=1", "has no constexpr 'FOO'")])
+def test_set_refuses_what_it_cannot_mean(bad, says):
+    """`--set` (constexpr overrides, for timing one binary's compile) names what it refuses
+    before compiling anything (a subprocess: the tool sets TRITON_INTERPRET=0 for itself)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    got = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"),
+                          "controls", "--set", bad], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert got.returncode != 0 and says in got.stderr, got.stderr[-2000:]
+    assert "REG:" not in got.stdout
