@@ -7,7 +7,7 @@ an `if`, a failing MLIR pass), before device time is spent on it.
 
 Each line also gives the compile's seconds (with a warm Triton cache, its load: point
 TRITON_CACHE_DIR at an empty folder to time the compile). `--set` overrides constexprs,
-e.g. `--set HAS_K=0,PCHECK=0,TBLOCKS=5` for the top_p-only controls binary. Runs with
+e.g. `--set HAS_K=0,HAS_M=0` for the top_p-only controls binary. Runs with
 TRITON_INTERPRET unset (it sets it to 0 for itself)."""
 import importlib
 import os
@@ -72,13 +72,15 @@ def _option(argv, flag: str, default: str) -> str:
     if flag not in argv:
         return default
     i = argv.index(flag)
+    if i + 1 == len(argv):
+        raise SystemExit(f"{flag}: expected a value after it, got none")
     value = argv[i + 1]
     del argv[i:i + 2]
     return value
 
 
 def overrides(text: str) -> dict:
-    """`K=V,..` -> {K: int(V)}; a constexpr the kernels do not take is refused."""
+    """`K=V,..` -> {K: int(V)} (whether the kernel takes K is checked by `main`)."""
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")

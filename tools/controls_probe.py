@@ -69,7 +69,7 @@ def main(batches=(1, 8, 64), jobs: int = 8):
         todo = warm_jobs(batches)
         with mp.get_context("spawn").Pool(jobs) as pool:
             pool.map(warm, todo)
-        print(f"warm-up: {len(todo)} binaries in {time.perf_counter() - t0:.0f} s",
+        print(f"warm-up: {len(todo)} calls in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr, flush=True)
     dev = torch.device("cuda")
     rows = ["| case | " + " | ".join(f"B={b} us" for b in batches) + " |",

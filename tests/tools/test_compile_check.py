@@ -24,7 +24,6 @@ def test_controls_and_sampled_kernels_compile_for_sm90():
     assert len(lines) == 4 and all("REG:" in ln for ln in lines), got.stdout
 
 
-
 @pytest.mark.parametrize("bad, says", [("HAS_K", "KEY=INTEGER"), ("HAS_K=yes", "KEY=INTEGER"),
                                        ("=1", "KEY=INTEGER"),
                                        ("FOO=1", "has no constexpr 'FOO'")])
