@@ -168,18 +168,18 @@ for step in "${steps[@]}"; do
       run_step quality "$PY" -m autotune quality ${QUALITY_ARGS:---no-progress} || status=1
       wrote_results=1 ;;
     bench)
-      run_step bench "$PY" -m autotune bench --max-seconds "$bench_cap" --readme README.md \
+      run_step bench "$PY" -m autotune bench --budget-s "$bench_cap" --readme README.md \
         ${BENCH_ARGS:-} || status=1
       wrote_results=1 ;;
     bench1)
-      run_step bench1 "$PY" -m autotune bench --suite "$bench1" --max-seconds "$bench_cap" \
+      run_step bench1 "$PY" -m autotune bench --suite "$bench1" --budget-s "$bench_cap" \
         --readme README.md ${BENCH_ARGS:-} || status=1
       wrote_results=1 ;;
     bench2)
       rest=$(others)
       if [ -z "$rest" ]; then echo "bench2: no suites besides $bench1" | tee -a "$out/summary.txt"
       else
-        run_step bench2 "$PY" -m autotune bench --suite "$rest" --max-seconds "$bench_cap" \
+        run_step bench2 "$PY" -m autotune bench --suite "$rest" --budget-s "$bench_cap" \
           --readme README.md ${BENCH_ARGS:-} || status=1
       fi
       wrote_results=1 ;;
