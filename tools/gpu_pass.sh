@@ -29,6 +29,11 @@
 #             -> results/<gpu>/stages.md                                 (~1 min)
 #   sampled-stages  python tools/sampled_stages.py: the same for sampled rows
 #             -> results/<gpu>/stages-sampled.md                         (~3 min)
+#   probe     python tools/controls_probe.py 1 8 64 -> DIR/controls-probe.md: the sampling
+#             controls against temperature only; its warm-up builds the controls
+#             binaries in parallel (cores - 1 processes), so a bench of chain_verify_controls
+#             after it, on the same Triton cache, finds them built (its time on a GPU
+#             is not measured yet)
 #   costs     python tools/tune_costs.py: what one config's measurement costs the
 #             tuner, piece by piece (the load probe wants a tune's cache), then the
 #             default grids' binaries and launcher signatures (--launchers) (~2 min)
@@ -194,6 +199,10 @@ for step in "${steps[@]}"; do
       run_step sampled-stages "$PY" tools/sampled_stages.py \
         --out "$results/stages-sampled.md" || status=1
       wrote_results=1 ;;
+    probe)
+      jobs=$(( $(nproc 2>/dev/null || echo 4) - 1 ))
+      run_step probe "$PY" tools/controls_probe.py --jobs "$(( jobs > 1 ? jobs : 1 ))" 1 8 64 \
+        && sed -n '/^| case/,$p' "$out/probe.log" >"$out/controls-probe.md" || status=1 ;;
     costs)
       run_step costs "$PY" tools/tune_costs.py || status=1
       run_step launchers "$PY" tools/tune_costs.py --launchers || status=1 ;;
@@ -209,7 +218,7 @@ for step in "${steps[@]}"; do
       fi
       wrote_results=1 ;;
     *) echo "gpu_pass: unknown step $step (test test1 .. testN tune fresh retune quality" \
-            "bench bench1 bench2 example stages sampled-stages costs targets)" >&2
+            "bench bench1 bench2 example stages sampled-stages probe costs targets)" >&2
        exit 2 ;;
   esac
 done
